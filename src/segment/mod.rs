@@ -1,0 +1,1 @@
+//! Software GSO engine: pure functions over bytes, no I/O.
