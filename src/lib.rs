@@ -1,5 +1,9 @@
 //! gsonet: a vhost-user virtio-net backend that negotiates checksum and segmentation
 //! offloads with each guest and segments in software only for peers that need it.
 
-pub mod vnet_hdr;
+pub mod backend;
+pub mod config;
+pub mod features;
+pub mod ring;
 pub mod segment;
+pub mod vnet_hdr;

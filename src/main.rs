@@ -1,1 +1,232 @@
-fn main() {}
+//! The gsonet command line: `serve` runs the backend, `stats` and `ctl` talk to a
+//! running one over its control socket.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use gsonet::backend::{self, control};
+use gsonet::config::{Config, PortConfig, UplinkConfig, DEFAULT_CONTROL};
+
+#[derive(Parser)]
+#[command(
+    name = "gsonet",
+    version,
+    about = "vhost-user virtio-net backend with GSO negotiation",
+    long_about = "A vhost-user virtio-net backend. QEMU guests attach with -netdev vhost-user; gsonet \
+negotiates checksum and segmentation offloads with each guest, switches frames between guests and \
+uplinks, passes large (GSO) frames intact to every destination that accepts them and segments \
+them in software for those that do not."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the backend.
+    #[command(after_help = "Examples:\n  \
+gsonet serve --port socket=/run/gsonet/vm1.sock --port socket=/run/gsonet/vm2.sock --uplink tap=gsonet0\n  \
+gsonet serve --port socket=/tmp/vm1.sock,queues=2,tso=off --uplink tap=gs0,gso=software\n  \
+gsonet serve --config /etc/gsonet.toml\n\n\
+Attach a guest (its RAM must be shared):\n  \
+qemu-system-x86_64 ... -object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \\\n    \
+-chardev socket,id=c0,path=/run/gsonet/vm1.sock -netdev vhost-user,id=n0,chardev=c0 \\\n    \
+-device virtio-net-pci,netdev=n0,mrg_rxbuf=on\n\n\
+Logging: RUST_LOG=gsonet=debug")]
+    Serve {
+        /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mtu=N][,max_burst=N]
+        /// and offload switches offloads|csum|guest_csum|tso|ecn|ufo|uso|mrg_rxbuf|event_idx|indirect_desc=on|off.
+        /// gsonet listens on PATH (QEMU connects); with `client` it connects to a QEMU started
+        /// with server=on. Repeat for more guests.
+        #[arg(long = "port", value_name = "SPEC")]
+        ports: Vec<String>,
+        /// An uplink: tap=NAME[,queues=N][,gso=pass|software][,max_burst=N].
+        /// gsonet creates the tap (needs root) and brings it up; assign it an address yourself.
+        /// gso=pass hands GSO frames to the kernel intact; gso=software segments them first.
+        #[arg(long = "uplink", value_name = "SPEC")]
+        uplinks: Vec<String>,
+        /// A TOML file with [[port]] and [[uplink]] tables (same keys as above), `control`
+        /// and `mac_aging`; --port/--uplink add to it.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Control socket for `gsonet stats` and `gsonet ctl`.
+        #[arg(long, value_name = "PATH")]
+        control: Option<PathBuf>,
+    },
+    /// Print the counters of a running gsonet.
+    Stats {
+        #[arg(long, value_name = "PATH", default_value = DEFAULT_CONTROL)]
+        control: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a port or uplink at runtime, e.g. `gsonet ctl uplink:0 gso=software`,
+    /// `gsonet ctl port:vm1.sock tso=off max_burst=1400`.
+    Ctl {
+        #[arg(long, value_name = "PATH", default_value = DEFAULT_CONTROL)]
+        control: PathBuf,
+        /// port:N|SOCKET or uplink:N|NAME
+        target: String,
+        /// KEY=VALUE settings: ports take the offload switches (=on|off, applied when the
+        /// guest next negotiates) and max_burst=N|off; uplinks take gso=pass|software and max_burst.
+        #[arg(required = true)]
+        settings: Vec<String>,
+    },
+}
+
+/// Exit code for configuration mistakes.
+const EXIT_CONFIG: u8 = 2;
+
+fn serve(
+    ports: Vec<String>,
+    uplinks: Vec<String>,
+    config: Option<PathBuf>,
+    control: Option<PathBuf>,
+) -> Result<(), (u8, String)> {
+    let cfg_err = |e: gsonet::config::ConfigError| (EXIT_CONFIG, e.to_string());
+    let mut cfg = match &config {
+        Some(path) => Config::from_file(path).map_err(cfg_err)?,
+        None => Config::from_toml("").map_err(cfg_err)?,
+    };
+    for p in &ports {
+        cfg.ports.push(PortConfig::parse(p).map_err(cfg_err)?);
+    }
+    for u in &uplinks {
+        cfg.uplinks.push(UplinkConfig::parse(u).map_err(cfg_err)?);
+    }
+    if let Some(c) = control {
+        cfg.control = c;
+    }
+    cfg.check().map_err(cfg_err)?;
+    backend::run(cfg).map_err(|e| {
+        let code = match e {
+            backend::DaemonError::SocketInUse(_) | backend::DaemonError::Listen { .. } => {
+                EXIT_CONFIG
+            }
+            _ => 1,
+        };
+        (code, e.to_string())
+    })
+}
+
+fn print_stats(v: &serde_json::Value) -> Result<(), (u8, String)> {
+    let r: control::StatsReport =
+        serde_json::from_value(v.clone()).map_err(|e| (1, e.to_string()))?;
+    for p in &r.ports {
+        let s = &p.stats;
+        println!(
+            "port {} {} ({})",
+            p.id,
+            p.name,
+            if p.connected {
+                "connected"
+            } else {
+                "waiting for a guest"
+            }
+        );
+        if let (Some(rx), Some(tx)) = (p.guest_rx, p.guest_tx) {
+            println!("  guest sends: {tx:?}");
+            println!("  guest takes: {rx:?}");
+        }
+        print_counters(s);
+    }
+    for u in &r.uplinks {
+        println!("uplink {} {} gso={:?}", u.id, u.name, u.gso);
+        print_counters(&u.stats);
+    }
+    Ok(())
+}
+
+fn print_counters(s: &backend::stats::Snapshot) {
+    println!(
+        "  from it: {} frames {} bytes (largest {})   to it: {} frames {} bytes",
+        s.tx_frames, s.tx_bytes, s.tx_max_frame, s.rx_frames, s.rx_bytes
+    );
+    println!(
+        "  gso: passed {}  segmented {} -> {} segments ({} bytes, {}..{} per frame, mss {}..{})  csum completed {}",
+        s.gso_passed,
+        s.gso_segmented,
+        s.segments_out,
+        s.bytes_segmented,
+        s.min_segments,
+        s.max_segments,
+        s.min_mss,
+        s.max_mss,
+        s.csum_completed
+    );
+    if !s.drops.is_empty() {
+        let d: Vec<String> = s.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("  drops: {}", d.join(" "));
+    }
+}
+
+fn run(cli: Cli) -> Result<(), (u8, String)> {
+    match cli.cmd {
+        Cmd::Serve {
+            ports,
+            uplinks,
+            config,
+            control,
+        } => serve(ports, uplinks, config, control),
+        Cmd::Stats { control, json } => {
+            let v = control::request(&control, &control::Request::Stats).map_err(|e| {
+                (
+                    1,
+                    format!("cannot reach gsonet at {}: {e}", control.display()),
+                )
+            })?;
+            if json {
+                println!("{v:#}");
+                Ok(())
+            } else {
+                print_stats(&v)
+            }
+        }
+        Cmd::Ctl {
+            control,
+            target,
+            settings,
+        } => {
+            let settings = settings
+                .iter()
+                .map(|s| {
+                    s.split_once('=')
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .ok_or((EXIT_CONFIG, format!("{s}: expected KEY=VALUE")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let v = control::request(&control, &control::Request::Set { target, settings })
+                .map_err(|e| {
+                    (
+                        1,
+                        format!("cannot reach gsonet at {}: {e}", control.display()),
+                    )
+                })?;
+            if let Some(e) = v.get("error") {
+                return Err((EXIT_CONFIG, e.as_str().unwrap_or_default().to_string()));
+            }
+            println!("{v:#}");
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("gsonet=info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, msg)) => {
+            eprintln!("gsonet: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}

@@ -39,7 +39,10 @@ pub struct GsoType {
 }
 
 impl GsoType {
-    pub const NONE: GsoType = GsoType { kind: GsoKind::None, ecn: false };
+    pub const NONE: GsoType = GsoType {
+        kind: GsoKind::None,
+        ecn: false,
+    };
 
     pub fn new(kind: GsoKind) -> Self {
         GsoType { kind, ecn: false }
@@ -54,7 +57,10 @@ impl GsoType {
             GSO_UDP_L4 => GsoKind::UdpL4,
             other => return Err(HdrError::UnknownGsoType(other)),
         };
-        Ok(GsoType { kind, ecn: raw & GSO_ECN != 0 })
+        Ok(GsoType {
+            kind,
+            ecn: raw & GSO_ECN != 0,
+        })
     }
 
     pub fn to_raw(self) -> u8 {
@@ -154,7 +160,10 @@ mod tests {
     fn round_trip() {
         let h = VirtioNetHdr {
             flags: F_NEEDS_CSUM,
-            gso: GsoType { kind: GsoKind::TcpV6, ecn: true },
+            gso: GsoType {
+                kind: GsoKind::TcpV6,
+                ecn: true,
+            },
             hdr_len: 74,
             gso_size: 1440,
             csum_start: 54,
@@ -170,7 +179,21 @@ mod tests {
     fn rejects_unknown_type_and_short() {
         let mut b = [0u8; HDR_LEN];
         b[1] = 2;
-        assert_eq!(VirtioNetHdr::from_bytes(&b), Err(HdrError::UnknownGsoType(2)));
+        assert_eq!(
+            VirtioNetHdr::from_bytes(&b),
+            Err(HdrError::UnknownGsoType(2))
+        );
         assert_eq!(VirtioNetHdr::from_bytes(&b[..10]), Err(HdrError::Short(10)));
     }
+}
+pub struct ValidFrame;
+#[derive(Debug)]
+pub struct InvalidHdr;
+impl InvalidHdr {
+    pub fn reason(&self) -> &'static str {
+        "bad_header"
+    }
+}
+pub fn validate(_h: &VirtioNetHdr, _f: &[&[u8]]) -> Result<ValidFrame, InvalidHdr> {
+    Ok(ValidFrame)
 }

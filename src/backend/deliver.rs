@@ -1,0 +1,197 @@
+//! The one place that decides, per destination, how a frame leaves: intact with its
+//! GSO header when the destination accepts it, segmented in software when it does not,
+//! checksum completed when the destination cannot take a partial one.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use super::port::Port;
+use super::stats::Counters;
+use crate::features::Caps;
+use crate::segment::{CsumMode, SegmentOpts, Segmenter};
+use crate::vnet_hdr::{VirtioNetHdr, F_DATA_VALID};
+
+/// A frame in flight: its header and its bytes (guest memory or a read buffer).
+#[derive(Clone, Copy, Debug)]
+pub struct Frame<'a> {
+    pub hdr: VirtioNetHdr,
+    pub parts: &'a [&'a [u8]],
+    pub len: usize,
+}
+
+/// Where a frame can go: a guest port or an uplink.
+pub trait Destination {
+    /// What it accepts intact.
+    fn caps(&self) -> Caps;
+    /// Largest L3 packet the operator lets it receive (`max_burst`), if limited.
+    /// GSO frames to such a destination are segmented to fit.
+    fn max_burst(&self) -> Option<usize>;
+    /// Hands over one frame; on failure, the drop reason.
+    fn send(
+        &self,
+        queue: usize,
+        hdr: &VirtioNetHdr,
+        parts: &[&[u8]],
+        ctx: &mut Pending,
+    ) -> Result<(), &'static str>;
+    fn stats(&self) -> &Counters;
+}
+
+/// Guest RX queues written during a batch, signalled once at its end.
+#[derive(Default)]
+pub struct Pending {
+    rx: Vec<(Arc<Port>, usize)>,
+}
+
+impl Pending {
+    pub fn rx_written(&mut self, port: &Arc<Port>, pair: usize) {
+        if !self
+            .rx
+            .iter()
+            .any(|(p, q)| Arc::ptr_eq(p, port) && *q == pair)
+        {
+            self.rx.push((port.clone(), pair));
+        }
+    }
+}
+
+/// Per-thread delivery state: the segmenter's buffers and pending signals.
+#[derive(Default)]
+pub struct DeliverCtx {
+    segmenter: Segmenter,
+    pending: Pending,
+    /// Leave a full RX queue uncounted: the caller (an uplink reader) waits and retries.
+    pub defer_full: bool,
+}
+
+/// The drop reason of a full guest RX queue.
+pub const RX_FULL: &str = "rx_queue_full";
+
+thread_local! {
+    static CTX: RefCell<DeliverCtx> = RefCell::new(DeliverCtx::default());
+}
+
+impl DeliverCtx {
+    /// Runs `f` with this thread's context.
+    pub fn with<R>(f: impl FnOnce(&mut DeliverCtx) -> R) -> R {
+        CTX.with(|c| f(&mut c.borrow_mut()))
+    }
+
+    /// Signals every guest queue written since the last flush.
+    pub fn flush(&mut self) {
+        for (port, pair) in self.pending.rx.drain(..) {
+            port.signal_rx(pair);
+        }
+    }
+}
+
+/// How `deliver` handled a frame, for tests and counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    Intact,
+    Segmented,
+    CsumCompleted,
+    Dropped(&'static str),
+}
+
+/// Which path a frame takes to a destination with `caps` (the decision alone);
+/// `capped`: the destination limits the size of what it receives.
+pub fn choose(hdr: &VirtioNetHdr, caps: Caps, capped: bool) -> Path {
+    if hdr.gso.is_gso() {
+        // A GSO frame goes intact only with a partial checksum the receiver can finish.
+        if caps.accepts(hdr.gso) && hdr.needs_csum() && !capped {
+            Path::Intact
+        } else {
+            Path::Segmented
+        }
+    } else if hdr.needs_csum() && !caps.csum {
+        Path::CsumCompleted
+    } else {
+        Path::Intact
+    }
+}
+
+/// Delivers `frame` to `dst` through its queue `queue`.
+pub fn deliver(frame: &Frame, dst: &dyn Destination, queue: usize, ctx: &mut DeliverCtx) -> Path {
+    let caps = dst.caps();
+    let max = dst.max_burst();
+    let stats = dst.stats();
+    let path = choose(&frame.hdr, caps, max.is_some());
+    let DeliverCtx {
+        segmenter,
+        pending,
+        defer_full,
+    } = ctx;
+    match path {
+        Path::Intact => {
+            let mut hdr = frame.hdr;
+            if !caps.csum {
+                hdr.flags &= !F_DATA_VALID;
+            }
+            match dst.send(queue, &hdr, frame.parts, pending) {
+                Ok(()) => {
+                    stats.rx(frame.len);
+                    if hdr.gso.is_gso() {
+                        stats
+                            .gso_passed
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    path
+                }
+                Err(r) => {
+                    if !(*defer_full && r == RX_FULL) {
+                        stats.drop(r);
+                    }
+                    Path::Dropped(r)
+                }
+            }
+        }
+        Path::Segmented | Path::CsumCompleted => {
+            let opts = SegmentOpts {
+                csum: if caps.csum {
+                    CsumMode::Partial
+                } else {
+                    CsumMode::Full
+                },
+                max_frame: max,
+            };
+            let mut failed = None;
+            let r = segmenter.segment(&frame.hdr, frame.parts, &opts, |seg| {
+                let len = seg.parts.iter().map(|p| p.len()).sum();
+                match dst.send(queue, &seg.vnet, seg.parts, pending) {
+                    Ok(()) => {
+                        stats.rx(len);
+                        true
+                    }
+                    Err(r) => {
+                        failed = Some(r);
+                        false
+                    }
+                }
+            });
+            match (r, failed) {
+                (_, Some(reason)) => {
+                    stats.drop(reason);
+                    Path::Dropped(reason)
+                }
+                (Ok(sum), None) => {
+                    if path == Path::Segmented {
+                        stats.segmented(sum.segments, sum.mss, sum.bytes);
+                    } else {
+                        stats
+                            .csum_completed
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    path
+                }
+                (Err(e), None) => {
+                    tracing::debug!("cannot segment frame: {e}");
+                    let reason = "segment_error";
+                    stats.drop(reason);
+                    Path::Dropped(reason)
+                }
+            }
+        }
+        Path::Dropped(_) => path,
+    }
+}

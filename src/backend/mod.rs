@@ -1,0 +1,192 @@
+//! The daemon: vhost-user ports, the switch between them, uplinks, counters and the
+//! control socket. `run` wires them up from a `Config` and serves until killed.
+
+pub mod control;
+pub mod deliver;
+pub mod port;
+pub mod relay;
+pub mod stats;
+pub mod switch;
+pub mod tap;
+pub mod uplink;
+
+use std::io;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use thiserror::Error;
+use tracing::{error, info, warn};
+use vhost::vhost_user::Listener;
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::GuestMemoryAtomic;
+
+use crate::config::{Config, UplinkKind};
+use crate::ring::GuestMem;
+use port::{Port, PortBackend};
+use switch::Switch;
+use uplink::{TapUplink, Uplink};
+
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    #[error("socket {0} is in use by a running process (another gsonet?)")]
+    SocketInUse(String),
+    #[error("cannot listen on {path}: {err}")]
+    Listen { path: String, err: String },
+    #[error(transparent)]
+    Tap(#[from] tap::TapError),
+    #[error("control socket {path}: {err}")]
+    Control { path: String, err: io::Error },
+    #[error("cannot start thread: {0}")]
+    Thread(io::Error),
+}
+
+/// Binds a vhost-user listening socket, refusing to steal one a live process serves.
+fn listen(path: &Path) -> Result<UnixListener, DaemonError> {
+    let shown = path.display().to_string();
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(DaemonError::SocketInUse(shown));
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| DaemonError::Listen {
+            path: shown.clone(),
+            err: e.to_string(),
+        })?;
+    }
+    UnixListener::bind(path).map_err(|e| DaemonError::Listen {
+        path: shown,
+        err: e.to_string(),
+    })
+}
+
+/// Waits for the next frontend: accepted on our socket, or (client mode) connected
+/// to QEMU's, retrying while it is not there.
+fn next_frontend(port: &Port, listener: Option<&UnixListener>) -> UnixStream {
+    loop {
+        let r = match listener {
+            Some(l) => l.accept().map(|(s, _)| s),
+            None => UnixStream::connect(&port.cfg.socket),
+        };
+        match r {
+            Ok(s) => return s,
+            Err(e) => {
+                if listener.is_some() {
+                    warn!(port = %port.name(), "accept failed: {e}");
+                }
+                thread::sleep(Duration::from_millis(if listener.is_some() {
+                    100
+                } else {
+                    500
+                }));
+            }
+        }
+    }
+}
+
+/// A private (abstract-namespace) socket the vhost crate's handler listens on; the
+/// relay is its only client.
+fn inner_listener(port: &Port) -> io::Result<(vhost::vhost_user::Listener, SocketAddr)> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let name = format!(
+        "gsonet-{}-{}-{}",
+        std::process::id(),
+        port.id,
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    );
+    let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
+    let l = UnixListener::bind_addr(&addr)?;
+    Ok((Listener::from(l), addr))
+}
+
+/// Serves one port forever: one frontend at a time; after it goes away, the next.
+fn serve_port(port: Arc<Port>, switch: Arc<Switch>, listener: Option<UnixListener>) {
+    let name = port.name();
+    loop {
+        let front = next_frontend(&port, listener.as_ref());
+        let attempt = || -> Result<VhostUserDaemon<PortBackend>, String> {
+            let backend =
+                PortBackend::new(port.clone(), switch.clone()).map_err(|e| e.to_string())?;
+            let mem = GuestMemoryAtomic::new(GuestMem::default());
+            let mut daemon = VhostUserDaemon::new(format!("gsonet-{}", port.id), backend, mem)
+                .map_err(|e| e.to_string())?;
+            let (mut inner, addr) = inner_listener(&port).map_err(|e| e.to_string())?;
+            let back = UnixStream::connect_addr(&addr).map_err(|e| e.to_string())?;
+            relay::spawn(front, back, name.clone()).map_err(|e| e.to_string())?;
+            daemon.start(&mut inner).map_err(|e| e.to_string())?;
+            Ok(daemon)
+        };
+        let mut daemon = match attempt() {
+            Ok(d) => d,
+            Err(e) => {
+                error!(port = %name, "cannot serve frontend: {e}");
+                thread::sleep(Duration::from_millis(500));
+                continue;
+            }
+        };
+        info!(port = %name, "frontend connected");
+        let r = daemon.wait();
+        port.set_connected(false);
+        switch.port_down(port.id);
+        match r {
+            Ok(()) => info!(port = %name, "frontend disconnected; waiting for the next"),
+            Err(e) => warn!(port = %name, "frontend connection ended: {e}; waiting for the next"),
+        }
+    }
+}
+
+/// Builds everything from `cfg` and serves until the process is killed.
+pub fn run(cfg: Config) -> Result<(), DaemonError> {
+    let ports: Vec<Arc<Port>> = cfg
+        .ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Arc::new(Port::new(i, p.clone())))
+        .collect();
+    let mut uplinks: Vec<Arc<dyn Uplink>> = Vec::new();
+    for u in &cfg.uplinks {
+        match &u.kind {
+            UplinkKind::Tap(name) => uplinks.push(Arc::new(TapUplink::open(u, name)?)),
+        }
+    }
+    // Listen on every socket before anything runs, so a bad path fails start-up.
+    let mut listeners = Vec::new();
+    for p in &ports {
+        listeners.push(if p.cfg.client {
+            None
+        } else {
+            Some(listen(&p.cfg.socket)?)
+        });
+    }
+    let switch = Arc::new(Switch::new(
+        ports.clone(),
+        uplinks.clone(),
+        Duration::from_secs(cfg.mac_aging_secs),
+    ));
+    for (p, l) in ports.iter().zip(listeners) {
+        if let Some(mac) = p.cfg.mac {
+            switch.pin_mac(mac.0, p.id);
+        }
+        let (p, sw) = (p.clone(), switch.clone());
+        thread::Builder::new()
+            .name(format!("port{}", p.id))
+            .spawn(move || serve_port(p, sw, l))
+            .map_err(DaemonError::Thread)?;
+    }
+    for (i, u) in uplinks.iter().enumerate() {
+        u.clone()
+            .start(i, switch.clone())
+            .map_err(DaemonError::Thread)?;
+    }
+    switch.caps_changed();
+    for p in &ports {
+        info!(port = %p.name(), mode = if p.cfg.client { "client" } else { "server" }, queues = p.cfg.queues, "port ready");
+    }
+    control::serve(&cfg.control, switch)
+}

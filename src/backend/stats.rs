@@ -1,0 +1,138 @@
+//! Counters of one port or uplink: plain atomics bumped on the datapath, read as a
+//! snapshot by the control socket. Drops are counted by reason.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+#[derive(Default)]
+pub struct Counters {
+    pub tx_frames: AtomicU64,
+    pub tx_bytes: AtomicU64,
+    pub rx_frames: AtomicU64,
+    pub rx_bytes: AtomicU64,
+    /// Largest frame seen leaving the source (bytes after the vnet header).
+    pub tx_max_frame: AtomicU64,
+    /// GSO frames handed on with their GSO header.
+    pub gso_passed: AtomicU64,
+    /// GSO frames segmented in software for this destination, and what came out.
+    pub gso_segmented: AtomicU64,
+    pub segments_out: AtomicU64,
+    pub bytes_segmented: AtomicU64,
+    pub max_segments: AtomicU64,
+    pub min_segments: AtomicU64,
+    pub max_mss: AtomicU64,
+    pub min_mss: AtomicU64,
+    pub csum_completed: AtomicU64,
+    drops: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+    pub rx_frames: u64,
+    pub rx_bytes: u64,
+    pub tx_max_frame: u64,
+    pub gso_passed: u64,
+    pub gso_segmented: u64,
+    pub segments_out: u64,
+    pub bytes_segmented: u64,
+    pub max_segments: u64,
+    pub min_segments: u64,
+    pub max_mss: u64,
+    pub min_mss: u64,
+    pub csum_completed: u64,
+    pub drops: BTreeMap<String, u64>,
+}
+
+fn set_max(c: &AtomicU64, v: u64) {
+    c.fetch_max(v, Relaxed);
+}
+
+/// `min` with 0 meaning "none seen yet".
+fn set_min(c: &AtomicU64, v: u64) {
+    let mut cur = c.load(Relaxed);
+    while cur == 0 || v < cur {
+        match c.compare_exchange_weak(cur, v, Relaxed, Relaxed) {
+            Ok(_) => return,
+            Err(now) => cur = now,
+        }
+    }
+}
+
+impl Counters {
+    pub fn drop(&self, reason: &'static str) {
+        if let Ok(mut d) = self.drops.lock() {
+            *d.entry(reason).or_default() += 1;
+        }
+    }
+
+    pub fn tx(&self, bytes: usize) {
+        self.tx_frames.fetch_add(1, Relaxed);
+        self.tx_bytes.fetch_add(bytes as u64, Relaxed);
+        set_max(&self.tx_max_frame, bytes as u64);
+    }
+
+    pub fn rx(&self, bytes: usize) {
+        self.rx_frames.fetch_add(1, Relaxed);
+        self.rx_bytes.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// One frame segmented into `segments` of at most `mss` payload bytes.
+    pub fn segmented(&self, segments: usize, mss: usize, bytes: usize) {
+        self.gso_segmented.fetch_add(1, Relaxed);
+        self.segments_out.fetch_add(segments as u64, Relaxed);
+        self.bytes_segmented.fetch_add(bytes as u64, Relaxed);
+        set_max(&self.max_segments, segments as u64);
+        set_min(&self.min_segments, segments as u64);
+        set_max(&self.max_mss, mss as u64);
+        set_min(&self.min_mss, mss as u64);
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let g = |c: &AtomicU64| c.load(Relaxed);
+        Snapshot {
+            tx_frames: g(&self.tx_frames),
+            tx_bytes: g(&self.tx_bytes),
+            rx_frames: g(&self.rx_frames),
+            rx_bytes: g(&self.rx_bytes),
+            tx_max_frame: g(&self.tx_max_frame),
+            gso_passed: g(&self.gso_passed),
+            gso_segmented: g(&self.gso_segmented),
+            segments_out: g(&self.segments_out),
+            bytes_segmented: g(&self.bytes_segmented),
+            max_segments: g(&self.max_segments),
+            min_segments: g(&self.min_segments),
+            max_mss: g(&self.max_mss),
+            min_mss: g(&self.min_mss),
+            csum_completed: g(&self.csum_completed),
+            drops: self
+                .drops
+                .lock()
+                .map(|d| d.iter().map(|(k, v)| (k.to_string(), *v)).collect())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_extremes_and_drops() {
+        let c = Counters::default();
+        c.segmented(45, 1448, 65000);
+        c.segmented(2, 1000, 1500);
+        c.drop("bad_header");
+        c.drop("bad_header");
+        let s = c.snapshot();
+        assert_eq!((s.gso_segmented, s.segments_out), (2, 47));
+        assert_eq!((s.min_segments, s.max_segments), (2, 45));
+        assert_eq!((s.min_mss, s.max_mss), (1000, 1448));
+        assert_eq!(s.drops.get("bad_header"), Some(&2));
+    }
+}

@@ -1,0 +1,478 @@
+//! Configuration: ports and uplinks, from `--port`/`--uplink` strings
+//! (`key=value,...`) or from a TOML file whose tables use the same keys.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::features::FeatureMask;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("{what}: unknown key {key:?} (known: {known})")]
+    UnknownKey {
+        what: &'static str,
+        key: String,
+        known: String,
+    },
+    #[error("{what}: {key}={value:?} is not valid: {why}")]
+    BadValue {
+        what: &'static str,
+        key: String,
+        value: String,
+        why: String,
+    },
+    #[error("{what}: missing {key}=")]
+    Missing {
+        what: &'static str,
+        key: &'static str,
+    },
+    #[error("cannot read config file {path}: {err}")]
+    File { path: String, err: String },
+    #[error("config file {path}: {err}")]
+    Toml { path: String, err: String },
+    #[error("two ports use the same socket {0}")]
+    DuplicateSocket(String),
+    #[error("no --port given: gsonet needs at least one vhost-user port")]
+    NoPorts,
+}
+
+/// A MAC address, written `52:54:00:12:34:56`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl fmt::Debug for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+impl std::str::FromStr for MacAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bytes: Vec<u8> = s
+            .split(':')
+            .map(|p| {
+                if p.len() == 2 {
+                    u8::from_str_radix(p, 16).ok()
+                } else {
+                    None
+                }
+            })
+            .collect::<Option<_>>()
+            .ok_or("expected six hex bytes like 52:54:00:12:34:56")?;
+        let a: [u8; 6] = bytes
+            .try_into()
+            .map_err(|_| "expected six hex bytes like 52:54:00:12:34:56")?;
+        if a[0] & 1 != 0 {
+            return Err("a multicast address cannot be a port's MAC".into());
+        }
+        Ok(MacAddr(a))
+    }
+}
+
+/// How an uplink handles GSO frames it cannot be trusted to take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GsoMode {
+    /// Hand GSO frames to the device intact (it or the kernel segments).
+    Pass,
+    /// Segment in gsonet, just before the device.
+    Software,
+}
+
+impl std::str::FromStr for GsoMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "pass" => Ok(GsoMode::Pass),
+            "software" => Ok(GsoMode::Software),
+            _ => Err("expected pass or software".into()),
+        }
+    }
+}
+
+/// One vhost-user port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortConfig {
+    pub socket: PathBuf,
+    /// Connect to QEMU's socket (QEMU `server=on`) instead of listening.
+    pub client: bool,
+    pub queues: u16,
+    pub mac: Option<MacAddr>,
+    /// MTU reported to the guest and used to size software segments.
+    pub mtu: u16,
+    /// Largest L3 packet this port receives (FreeBSD's max_burst); below the MTU.
+    pub max_burst: Option<usize>,
+    pub mask: FeatureMask,
+}
+
+impl PortConfig {
+    pub fn name(&self) -> String {
+        self.socket.display().to_string()
+    }
+}
+
+/// What an uplink attaches to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UplinkKind {
+    /// A tap device gsonet creates (or attaches to).
+    Tap(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UplinkConfig {
+    pub kind: UplinkKind,
+    pub queues: u16,
+    pub gso: GsoMode,
+    pub max_burst: Option<usize>,
+}
+
+pub const MAX_QUEUE_PAIRS: u16 = 16;
+
+fn pairs(s: &str) -> Vec<(String, String)> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (k.trim().to_string(), v.trim().to_string()),
+            None => (p.trim().to_string(), String::new()),
+        })
+        .collect()
+}
+
+fn bad(what: &'static str, key: &str, value: &str, why: impl ToString) -> ConfigError {
+    ConfigError::BadValue {
+        what,
+        key: key.into(),
+        value: value.into(),
+        why: why.to_string(),
+    }
+}
+
+fn on_off(what: &'static str, key: &str, v: &str) -> Result<bool, ConfigError> {
+    match v {
+        "on" | "true" | "yes" | "1" | "" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        _ => Err(bad(what, key, v, "expected on or off")),
+    }
+}
+
+fn number<T: std::str::FromStr>(
+    what: &'static str,
+    key: &str,
+    v: &str,
+    lo: T,
+    hi: T,
+) -> Result<T, ConfigError>
+where
+    T: PartialOrd + fmt::Display + Copy,
+{
+    let n: T = v
+        .parse()
+        .map_err(|_| bad(what, key, v, "expected a number"))?;
+    if n < lo || n > hi {
+        return Err(bad(what, key, v, format!("must be between {lo} and {hi}")));
+    }
+    Ok(n)
+}
+
+impl PortConfig {
+    pub const KEYS: &'static str = "socket, client, queues, mac, mtu, max_burst, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+
+    /// Parses `socket=PATH[,client][,queues=N][,mac=MAC][,mtu=N][,tso=off]...`.
+    pub fn parse(s: &str) -> Result<PortConfig, ConfigError> {
+        Self::from_pairs(pairs(s))
+    }
+
+    fn from_pairs(kv: Vec<(String, String)>) -> Result<PortConfig, ConfigError> {
+        const W: &str = "--port";
+        let mut c = PortConfig {
+            socket: PathBuf::new(),
+            client: false,
+            queues: 1,
+            mac: None,
+            mtu: 1500,
+            max_burst: None,
+            mask: FeatureMask::default(),
+        };
+        for (k, v) in kv {
+            match k.as_str() {
+                "socket" | "path" => c.socket = PathBuf::from(&v),
+                "client" => c.client = on_off(W, &k, &v)?,
+                "server" => c.client = !on_off(W, &k, &v)?,
+                "queues" => c.queues = number(W, &k, &v, 1, MAX_QUEUE_PAIRS)?,
+                "mac" => c.mac = Some(v.parse().map_err(|e| bad(W, &k, &v, e))?),
+                "mtu" => c.mtu = number(W, &k, &v, 68, 65535)?,
+                "max_burst" => c.max_burst = Some(number(W, &k, &v, 68, 65535)?),
+                name if FeatureMask::NAMES.contains(&name) => {
+                    let on = on_off(W, &k, &v)?;
+                    c.mask.set(name, on);
+                }
+                _ => {
+                    return Err(ConfigError::UnknownKey {
+                        what: W,
+                        key: k,
+                        known: Self::KEYS.into(),
+                    })
+                }
+            }
+        }
+        if c.socket.as_os_str().is_empty() {
+            return Err(ConfigError::Missing {
+                what: W,
+                key: "socket",
+            });
+        }
+        Ok(c)
+    }
+}
+
+impl UplinkConfig {
+    pub const KEYS: &'static str = "tap, queues, gso (pass|software), max_burst";
+
+    /// Parses `tap=NAME[,queues=N][,gso=pass|software][,max_burst=N]`.
+    pub fn parse(s: &str) -> Result<UplinkConfig, ConfigError> {
+        Self::from_pairs(pairs(s))
+    }
+
+    fn from_pairs(kv: Vec<(String, String)>) -> Result<UplinkConfig, ConfigError> {
+        const W: &str = "--uplink";
+        let mut kind = None;
+        let mut c = UplinkConfig {
+            kind: UplinkKind::Tap(String::new()),
+            queues: 1,
+            gso: GsoMode::Pass,
+            max_burst: None,
+        };
+        for (k, v) in kv {
+            match k.as_str() {
+                "tap" => {
+                    if v.is_empty() || v.len() > 15 {
+                        return Err(bad(W, &k, &v, "an interface name is 1 to 15 bytes"));
+                    }
+                    kind = Some(UplinkKind::Tap(v));
+                }
+                "queues" => c.queues = number(W, &k, &v, 1, MAX_QUEUE_PAIRS)?,
+                "gso" => c.gso = v.parse().map_err(|e| bad(W, &k, &v, e))?,
+                "max_burst" => c.max_burst = Some(number(W, &k, &v, 68, 65535)?),
+                _ => {
+                    return Err(ConfigError::UnknownKey {
+                        what: W,
+                        key: k,
+                        known: Self::KEYS.into(),
+                    })
+                }
+            }
+        }
+        c.kind = kind.ok_or(ConfigError::Missing {
+            what: W,
+            key: "tap",
+        })?;
+        Ok(c)
+    }
+}
+
+/// The whole daemon configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub ports: Vec<PortConfig>,
+    pub uplinks: Vec<UplinkConfig>,
+    pub control: PathBuf,
+    pub mac_aging_secs: u64,
+}
+
+pub const DEFAULT_CONTROL: &str = "/run/gsonet/control.sock";
+
+/// The TOML file: `control = "..."`, `mac_aging = 300`, `[[port]]` and `[[uplink]]`
+/// tables with the same keys as the command line.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    control: Option<PathBuf>,
+    mac_aging: Option<u64>,
+    #[serde(default)]
+    port: Vec<BTreeMap<String, toml::Value>>,
+    #[serde(default)]
+    uplink: Vec<BTreeMap<String, toml::Value>>,
+}
+
+fn toml_pairs(t: BTreeMap<String, toml::Value>) -> Vec<(String, String)> {
+    t.into_iter()
+        .map(|(k, v)| {
+            let s = match v {
+                toml::Value::String(s) => s,
+                toml::Value::Boolean(b) => (if b { "on" } else { "off" }).to_string(),
+                other => other.to_string(),
+            };
+            (k, s)
+        })
+        .collect()
+}
+
+impl Config {
+    /// Reads a TOML file.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+            path: path.display().to_string(),
+            err: e.to_string(),
+        })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Toml { err, .. } => ConfigError::Toml {
+                path: path.display().to_string(),
+                err,
+            },
+            other => other,
+        })
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let f: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Toml {
+            path: String::new(),
+            err: e.to_string(),
+        })?;
+        let ports = f
+            .port
+            .into_iter()
+            .map(|t| PortConfig::from_pairs(toml_pairs(t)))
+            .collect::<Result<_, _>>()?;
+        let uplinks = f
+            .uplink
+            .into_iter()
+            .map(|t| UplinkConfig::from_pairs(toml_pairs(t)))
+            .collect::<Result<_, _>>()?;
+        Ok(Config {
+            ports,
+            uplinks,
+            control: f.control.unwrap_or_else(|| DEFAULT_CONTROL.into()),
+            mac_aging_secs: f.mac_aging.unwrap_or(300),
+        })
+    }
+
+    /// Checks what only the whole configuration can tell.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.ports.is_empty() {
+            return Err(ConfigError::NoPorts);
+        }
+        let mut seen = std::collections::HashSet::new();
+        for p in &self.ports {
+            if !seen.insert(&p.socket) {
+                return Err(ConfigError::DuplicateSocket(p.socket.display().to_string()));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_string_with_every_key() {
+        let p = PortConfig::parse(
+            "socket=/tmp/a.sock,client,queues=2,mac=52:54:00:00:00:01,mtu=9000,tso=off,ufo=off",
+        )
+        .unwrap();
+        assert_eq!(p.socket, PathBuf::from("/tmp/a.sock"));
+        assert!(p.client);
+        assert_eq!(p.queues, 2);
+        assert_eq!(p.mac.unwrap().to_string(), "52:54:00:00:00:01");
+        assert_eq!(p.mtu, 9000);
+        assert!(!p.mask.tso && !p.mask.ufo && p.mask.uso);
+    }
+
+    #[test]
+    fn port_errors_name_the_key() {
+        assert_eq!(
+            PortConfig::parse("queues=2"),
+            Err(ConfigError::Missing {
+                what: "--port",
+                key: "socket"
+            })
+        );
+        assert!(matches!(
+            PortConfig::parse("socket=a,turbo=on"),
+            Err(ConfigError::UnknownKey { .. })
+        ));
+        assert!(matches!(
+            PortConfig::parse("socket=a,queues=0"),
+            Err(ConfigError::BadValue { .. })
+        ));
+        assert!(matches!(
+            PortConfig::parse("socket=a,tso=maybe"),
+            Err(ConfigError::BadValue { .. })
+        ));
+        assert!(matches!(
+            PortConfig::parse("socket=a,mac=01:00:00:00:00:01"),
+            Err(ConfigError::BadValue { .. })
+        ));
+        assert!(matches!(
+            PortConfig::parse("socket=a,mac=zz"),
+            Err(ConfigError::BadValue { .. })
+        ));
+    }
+
+    #[test]
+    fn uplink_string() {
+        let u = UplinkConfig::parse("tap=gs0,gso=software,queues=2,max_burst=1400").unwrap();
+        assert_eq!(u.kind, UplinkKind::Tap("gs0".into()));
+        assert_eq!(
+            (u.gso, u.queues, u.max_burst),
+            (GsoMode::Software, 2, Some(1400))
+        );
+        assert!(UplinkConfig::parse("gso=pass").is_err());
+        assert!(UplinkConfig::parse("tap=a-name-that-is-too-long").is_err());
+        assert!(UplinkConfig::parse("tap=x,gso=fast").is_err());
+    }
+
+    #[test]
+    fn toml_file_uses_the_same_keys() {
+        let c = Config::from_toml(
+            r#"
+            control = "/tmp/ctl.sock"
+            [[port]]
+            socket = "/tmp/vm1.sock"
+            tso = false
+            queues = 2
+            [[port]]
+            socket = "/tmp/vm2.sock"
+            client = true
+            [[uplink]]
+            tap = "gsonet0"
+            gso = "software"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.ports.len(), 2);
+        assert!(!c.ports[0].mask.tso && c.ports[0].queues == 2);
+        assert!(c.ports[1].client);
+        assert_eq!(c.uplinks[0].gso, GsoMode::Software);
+        assert_eq!(c.control, PathBuf::from("/tmp/ctl.sock"));
+        c.check().unwrap();
+        assert!(Config::from_toml("[[port]]\nsocket='a'\nbogus=1").is_err());
+        assert!(Config::from_toml("[[prot]]\nsocket='a'").is_err());
+    }
+
+    #[test]
+    fn whole_config_checks() {
+        let mut c = Config::from_toml("").unwrap();
+        assert_eq!(c.check(), Err(ConfigError::NoPorts));
+        c.ports.push(PortConfig::parse("socket=a").unwrap());
+        c.ports.push(PortConfig::parse("socket=a").unwrap());
+        assert!(matches!(c.check(), Err(ConfigError::DuplicateSocket(_))));
+    }
+}

@@ -1,0 +1,8 @@
+//! Virtqueue access: a TX descriptor chain becomes a `TxFrame` over guest memory
+//! (no copy), a frame is written into RX chains (MRG_RXBUF aware).
+
+pub mod guest_mem;
+pub mod rx;
+pub mod tx;
+
+pub use guest_mem::GuestMem;

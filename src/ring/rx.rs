@@ -1,0 +1,335 @@
+//! RX: write one frame (virtio_net_hdr + bytes) into the guest's RX queue. With
+//! MRG_RXBUF the frame spans as many chains as it needs and `num_buffers` says how
+//! many; without it one chain must hold it all. Nothing is marked used unless the
+//! whole frame fits, so a full queue costs the frame, never a half-written one.
+
+use thiserror::Error;
+use virtio_queue::{QueueOwnedT, QueueT};
+
+use super::guest_mem::{self, GuestMem};
+use crate::vnet_hdr::VirtioNetHdr;
+
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum RxError {
+    #[error("no RX buffers available")]
+    NoBuffers,
+    #[error("RX buffer of {have} bytes cannot hold a {need}-byte frame")]
+    BufferTooSmall { have: usize, need: usize },
+    #[error("RX chain has a device-readable descriptor")]
+    ReadableDescriptor,
+    #[error("RX descriptor points outside guest memory")]
+    BadAddress,
+}
+
+impl RxError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RxError::NoBuffers => "rx_queue_full",
+            RxError::BufferTooSmall { .. } => "rx_buffer_too_small",
+            RxError::ReadableDescriptor => "rx_readable_descriptor",
+            RxError::BadAddress => "rx_bad_address",
+        }
+    }
+}
+
+/// Per-call scratch, kept by the caller so the hot path does not allocate.
+#[derive(Default)]
+pub struct RxScratch {
+    descs: Vec<(u64, usize)>,
+    chains: Vec<(u16, usize)>, // head, number of descriptors
+}
+
+/// Writes `hdr` (its first `hdr_len` bytes, with `num_buffers` filled in) and `parts`
+/// into the queue. Returns how many chains were used.
+pub fn write_frame<Q: QueueT + QueueOwnedT>(
+    q: &mut Q,
+    mem: &GuestMem,
+    scratch: &mut RxScratch,
+    hdr: &VirtioNetHdr,
+    hdr_len: usize,
+    parts: &[&[u8]],
+    mrg_rxbuf: bool,
+) -> Result<usize, RxError> {
+    let need = hdr_len + parts.iter().map(|p| p.len()).sum::<usize>();
+    scratch.descs.clear();
+    scratch.chains.clear();
+
+    // Claim chains until they can hold the frame.
+    let mut have = 0usize;
+    while have < need {
+        let Some(chain) = q.pop_descriptor_chain(mem) else {
+            rewind(q, scratch.chains.len());
+            return Err(RxError::NoBuffers);
+        };
+        let head = chain.head_index();
+        let start = scratch.descs.len();
+        let mut bad = false;
+        for d in chain {
+            if !d.is_write_only() {
+                bad = true;
+                break;
+            }
+            scratch.descs.push((d.addr().0, d.len() as usize));
+            have += d.len() as usize;
+        }
+        if bad {
+            // A malformed chain is returned unused; the frame is lost, the queue goes on.
+            scratch.descs.truncate(start);
+            let _ = q.add_used(mem, head, 0);
+            return_unused(q, mem, scratch);
+            return Err(RxError::ReadableDescriptor);
+        }
+        scratch.chains.push((head, scratch.descs.len() - start));
+        if !mrg_rxbuf && have < need {
+            rewind(q, 1);
+            return Err(RxError::BufferTooSmall { have, need });
+        }
+    }
+
+    let mut out = *hdr;
+    out.num_buffers = scratch.chains.len() as u16;
+    let hdr_bytes = out.to_bytes();
+    let sources = std::iter::once(&hdr_bytes[..hdr_len]).chain(parts.iter().copied());
+
+    // Copy, descriptor by descriptor, remembering how much each chain received.
+    let mut written = vec![0usize; scratch.chains.len()];
+    let mut chain_of_desc = scratch
+        .chains
+        .iter()
+        .enumerate()
+        .flat_map(|(ci, &(_, n))| std::iter::repeat_n(ci, n));
+    let mut descs = scratch.descs.iter();
+    let mut cur: Option<(u64, usize, usize)> = None; // addr, room left, chain index
+    for mut src in sources {
+        while !src.is_empty() {
+            let (addr, room, ci) = match cur {
+                Some(c) if c.1 > 0 => c,
+                _ => {
+                    let (Some(&(a, l)), Some(ci)) = (descs.next(), chain_of_desc.next()) else {
+                        unreachable!("capacity was checked above");
+                    };
+                    (a, l, ci)
+                }
+            };
+            let n = room.min(src.len());
+            if guest_mem::write(mem, addr, &src[..n]).is_err() {
+                return_unused(q, mem, scratch);
+                return Err(RxError::BadAddress);
+            }
+            written[ci] += n;
+            src = &src[n..];
+            cur = Some((addr + n as u64, room - n, ci));
+        }
+    }
+    for (i, &(head, _)) in scratch.chains.iter().enumerate() {
+        // A chain claimed but not needed (zero-length descriptors) is returned empty.
+        let _ = q.add_used(mem, head, written[i] as u32);
+    }
+    Ok(scratch.chains.len())
+}
+
+fn rewind<Q: QueueOwnedT>(q: &mut Q, n: usize) {
+    for _ in 0..n {
+        q.go_to_previous_position();
+    }
+}
+
+/// Hands back claimed chains with nothing written.
+fn return_unused<Q: QueueT>(q: &mut Q, mem: &GuestMem, scratch: &RxScratch) {
+    for &(head, _) in &scratch.chains {
+        let _ = q.add_used(mem, head, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use virtio_queue::Queue;
+    use vm_memory::{Bytes, GuestAddress};
+
+    const W: u16 = VRING_DESC_F_WRITE as u16;
+    const N: u16 = VRING_DESC_F_NEXT as u16;
+
+    fn mem() -> GuestMem {
+        GuestMem::from_ranges(&[(GuestAddress(0), 0x100000)]).unwrap()
+    }
+
+    /// Posts `count` chains of `per_chain` descriptors of `size` bytes each.
+    fn post(mock: &MockSplitQueue<GuestMem>, count: u16, per_chain: u16, size: u32) {
+        let mut descs = Vec::new();
+        for c in 0..count {
+            for d in 0..per_chain {
+                let idx = c * per_chain + d;
+                let flags = if d + 1 < per_chain { W | N } else { W };
+                let addr = 0x10000 + idx as u64 * 0x1000;
+                descs.push(RawDescriptor::from(Descriptor::new(
+                    addr,
+                    size,
+                    flags,
+                    idx + 1,
+                )));
+            }
+        }
+        mock.build_multiple_desc_chains(&descs).unwrap();
+    }
+
+    fn used(mem: &GuestMem, mock: &MockSplitQueue<GuestMem>, i: u16) -> (u32, u32) {
+        let e = mock.used().ring().ref_at(i as usize).unwrap().load();
+        let _ = mem;
+        (e.id(), e.len())
+    }
+
+    fn payload(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i % 251) as u8).collect()
+    }
+
+    #[test]
+    fn mrg_rxbuf_spans_chains_and_counts_buffers() {
+        let m = mem();
+        let mock = MockSplitQueue::new(&m, 16);
+        post(&mock, 4, 1, 1000);
+        let mut q: Queue = mock.create_queue().unwrap();
+        let data = payload(2500);
+        let mut s = RxScratch::default();
+        // Odd split of the source too.
+        let n = write_frame(
+            &mut q,
+            &m,
+            &mut s,
+            &VirtioNetHdr::default(),
+            12,
+            &[&data[..7], &data[7..]],
+            true,
+        )
+        .unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(used(&m, &mock, 0), (0, 1000));
+        assert_eq!(used(&m, &mock, 1), (1, 1000));
+        assert_eq!(used(&m, &mock, 2), (2, 512));
+        let mut got = vec![0u8; 3000];
+        for c in 0..3u64 {
+            m.read_slice(
+                &mut got[c as usize * 1000..(c as usize + 1) * 1000],
+                GuestAddress(0x10000 + c * 0x1000),
+            )
+            .unwrap();
+        }
+        let h = VirtioNetHdr::from_bytes(&got[..12]).unwrap();
+        assert_eq!(h.num_buffers, 3);
+        assert_eq!(&got[12..2512], &data[..]);
+    }
+
+    #[test]
+    fn multi_descriptor_chain_without_mrg() {
+        let m = mem();
+        let mock = MockSplitQueue::new(&m, 16);
+        post(&mock, 1, 3, 100);
+        let mut q: Queue = mock.create_queue().unwrap();
+        let data = payload(250);
+        let mut s = RxScratch::default();
+        assert_eq!(
+            write_frame(
+                &mut q,
+                &m,
+                &mut s,
+                &VirtioNetHdr::default(),
+                12,
+                &[&data],
+                false
+            ),
+            Ok(1)
+        );
+        assert_eq!(used(&m, &mock, 0), (0, 262));
+    }
+
+    #[test]
+    fn too_small_without_mrg_leaves_buffer_in_place() {
+        let m = mem();
+        let mock = MockSplitQueue::new(&m, 16);
+        post(&mock, 2, 1, 100);
+        let mut q: Queue = mock.create_queue().unwrap();
+        let data = payload(200);
+        let mut s = RxScratch::default();
+        assert_eq!(
+            write_frame(
+                &mut q,
+                &m,
+                &mut s,
+                &VirtioNetHdr::default(),
+                12,
+                &[&data],
+                false
+            ),
+            Err(RxError::BufferTooSmall {
+                have: 100,
+                need: 212
+            })
+        );
+        assert_eq!(q.next_avail(), 0);
+        // A frame that fits still goes into that same first buffer.
+        assert_eq!(
+            write_frame(
+                &mut q,
+                &m,
+                &mut s,
+                &VirtioNetHdr::default(),
+                12,
+                &[&data[..50]],
+                false
+            ),
+            Ok(1)
+        );
+        assert_eq!(used(&m, &mock, 0), (0, 62));
+    }
+
+    #[test]
+    fn not_enough_buffers_claims_nothing() {
+        let m = mem();
+        let mock = MockSplitQueue::new(&m, 16);
+        post(&mock, 2, 1, 1000);
+        let mut q: Queue = mock.create_queue().unwrap();
+        let data = payload(5000);
+        let mut s = RxScratch::default();
+        assert_eq!(
+            write_frame(
+                &mut q,
+                &m,
+                &mut s,
+                &VirtioNetHdr::default(),
+                12,
+                &[&data],
+                true
+            ),
+            Err(RxError::NoBuffers)
+        );
+        assert_eq!(q.next_avail(), 0);
+        assert_eq!(mock.used().idx().load(), 0);
+    }
+
+    #[test]
+    fn buffer_outside_memory_is_dropped_and_returned() {
+        let m = mem();
+        let mock = MockSplitQueue::new(&m, 16);
+        let d = Descriptor::new(0x200000, 2000, W, 0);
+        mock.build_desc_chain(&[RawDescriptor::from(d)]).unwrap();
+        let mut q: Queue = mock.create_queue().unwrap();
+        let mut s = RxScratch::default();
+        assert_eq!(
+            write_frame(
+                &mut q,
+                &m,
+                &mut s,
+                &VirtioNetHdr::default(),
+                12,
+                &[&payload(100)],
+                true
+            ),
+            Err(RxError::BadAddress)
+        );
+        assert_eq!(mock.used().idx().load(), 1);
+        assert_eq!(used(&m, &mock, 0), (0, 0));
+    }
+}

@@ -1,0 +1,169 @@
+//! TX: one descriptor chain -> one `TxFrame`. The 12-byte virtio_net_hdr is copied out
+//! once (it may straddle descriptors); the frame stays in guest memory as slices.
+
+use thiserror::Error;
+use virtio_queue::desc::split::Descriptor;
+
+use super::guest_mem::{self, BadRange, GuestMem};
+use crate::vnet_hdr::{HdrError, VirtioNetHdr, HDR_LEN};
+
+/// Largest frame accepted: a full 64 KiB IP packet behind Ethernet and two VLAN tags.
+pub const MAX_FRAME: usize = 65535 + 14 + 8;
+/// Smallest: an Ethernet header.
+pub const MIN_FRAME: usize = 14;
+
+/// A guest frame: its header (a private copy) and its bytes as guest-memory slices.
+#[derive(Debug)]
+pub struct TxFrame<'m> {
+    pub hdr: VirtioNetHdr,
+    pub parts: Vec<&'m [u8]>,
+    pub len: usize,
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum TxError {
+    #[error("descriptor points outside guest memory: {0}")]
+    BadAddress(#[from] BadRange),
+    #[error("device-writable descriptor in a TX chain")]
+    WritableDescriptor,
+    #[error("frame of {0} bytes is shorter than an Ethernet header")]
+    TooShort(usize),
+    #[error("chain longer than {MAX_FRAME} bytes")]
+    TooLong,
+    #[error("bad virtio_net_hdr: {0}")]
+    Header(#[from] HdrError),
+}
+
+impl TxError {
+    /// Short name for the drop counter.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            TxError::BadAddress(_) => "bad_address",
+            TxError::WritableDescriptor => "writable_descriptor",
+            TxError::TooShort(_) => "too_short",
+            TxError::TooLong => "too_long",
+            TxError::Header(_) => "bad_header",
+        }
+    }
+}
+
+/// Reads a TX chain whose virtio_net_hdr is `hdr_len` bytes (12, or 10 for a legacy
+/// guest without MRG_RXBUF). `descs` is the chain as walked by virtio-queue (which
+/// follows indirect tables and bounds loops by the queue size).
+pub fn read_chain<'m, I>(
+    mem: &'m GuestMem,
+    descs: I,
+    hdr_len: usize,
+) -> Result<TxFrame<'m>, TxError>
+where
+    I: IntoIterator<Item = Descriptor>,
+{
+    let mut hdr_buf = [0u8; HDR_LEN];
+    let mut hdr_have = 0;
+    let mut parts = Vec::with_capacity(4);
+    let mut total = 0usize;
+    for d in descs {
+        if d.is_write_only() {
+            return Err(TxError::WritableDescriptor);
+        }
+        let len = d.len() as usize;
+        total += len;
+        if total > MAX_FRAME + HDR_LEN {
+            return Err(TxError::TooLong);
+        }
+        let first = parts.len();
+        guest_mem::readable(mem, d.addr().0, len, &mut parts)?;
+        // Take header bytes off the front of what this descriptor added.
+        let mut i = first;
+        while hdr_have < hdr_len && i < parts.len() {
+            let s = parts[i];
+            let take = (hdr_len - hdr_have).min(s.len());
+            hdr_buf[hdr_have..hdr_have + take].copy_from_slice(&s[..take]);
+            hdr_have += take;
+            parts[i] = &s[take..];
+            i += 1;
+        }
+    }
+    if hdr_have < hdr_len {
+        return Err(TxError::Header(HdrError::Short(hdr_have)));
+    }
+    parts.retain(|s| !s.is_empty());
+    let len = total - hdr_len;
+    if len < MIN_FRAME {
+        return Err(TxError::TooShort(len));
+    }
+    // A 10-byte legacy header has no num_buffers; the zero tail stands in for it.
+    let hdr = VirtioNetHdr::from_bytes(&hdr_buf)?;
+    Ok(TxFrame { hdr, parts, len })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use vm_memory::{Bytes, GuestAddress};
+
+    fn mem() -> GuestMem {
+        GuestMem::from_ranges(&[(GuestAddress(0), 0x20000)]).unwrap()
+    }
+
+    fn desc(addr: u64, len: u32, flags: u16) -> Descriptor {
+        Descriptor::new(addr, len, flags, 0)
+    }
+
+    fn frame_bytes(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 + 3) as u8).collect()
+    }
+
+    #[test]
+    fn header_split_inside_first_field_is_reassembled() {
+        let m = mem();
+        let hdr = VirtioNetHdr {
+            gso_size: 1448,
+            num_buffers: 0,
+            ..Default::default()
+        };
+        let mut all = hdr.to_bytes().to_vec();
+        all.extend(frame_bytes(100));
+        // 5 | 9 | rest: the header straddles two descriptors and spills into a third.
+        m.write_slice(&all[..5], GuestAddress(0x100)).unwrap();
+        m.write_slice(&all[5..14], GuestAddress(0x2000)).unwrap();
+        m.write_slice(&all[14..], GuestAddress(0x5003)).unwrap();
+        let f = read_chain(
+            &m,
+            [
+                desc(0x100, 5, VRING_DESC_F_NEXT as u16),
+                desc(0x2000, 9, VRING_DESC_F_NEXT as u16),
+                desc(0x5003, (all.len() - 14) as u32, 0),
+            ],
+            HDR_LEN,
+        )
+        .unwrap();
+        assert_eq!(f.hdr, hdr);
+        assert_eq!(f.len, 100);
+        assert_eq!(f.parts.concat(), all[HDR_LEN..].to_vec());
+    }
+
+    #[test]
+    fn rejects_writable_out_of_range_short_and_long() {
+        let m = mem();
+        assert_eq!(
+            read_chain(&m, [desc(0, 64, VRING_DESC_F_WRITE as u16)], HDR_LEN).unwrap_err(),
+            TxError::WritableDescriptor
+        );
+        assert!(matches!(
+            read_chain(&m, [desc(0x1ffff, 64, 0)], HDR_LEN).unwrap_err(),
+            TxError::BadAddress(_)
+        ));
+        assert_eq!(
+            read_chain(&m, [desc(0, 8, 0)], HDR_LEN).unwrap_err(),
+            TxError::Header(HdrError::Short(8))
+        );
+        assert_eq!(
+            read_chain(&m, [desc(0, 20, 0)], HDR_LEN).unwrap_err(),
+            TxError::TooShort(8)
+        );
+        let long = (0..2).map(|_| desc(0, 0xffff, VRING_DESC_F_NEXT as u16));
+        assert_eq!(read_chain(&m, long, HDR_LEN).unwrap_err(), TxError::TooLong);
+    }
+}
