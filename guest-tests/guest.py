@@ -803,3 +803,24 @@ def measure_qemu_tap(seconds: float = 3, repeats: int = 1, tap: str | None = Non
     finally:
         delete_link(tap)
     return res
+
+
+def measure_vhost_user(socket_path: str | os.PathLike, host_ip: str, guest_ip: str,
+                       prefix: int = 24, seconds: float = 3, repeats: int = 1,
+                       name: str = "vhostuser", device_props: dict | None = None,
+                       queues: int | None = None) -> dict:
+    """Boot a guest on a vhost-user backend listening at ``socket_path`` (gsonet
+    serve --port socket=...), whose uplink already has ``host_ip``; measure iperf3
+    both ways. Same result dict as measure_qemu_tap."""
+    res = {"guest_to_host": [], "host_to_guest": [], "boot_seconds": None}
+    with Guest(name, Guest.vhost_user(socket_path, queues=queues), device_props,
+               ip=f"{guest_ip}/{prefix}") as g:
+        res["boot_seconds"] = g.wait_booted()
+        rc, out = g.run(f"ping -c 1 -W 10 {host_ip}", timeout=60)
+        if rc != 0:
+            raise GuestError(f"guest cannot reach {host_ip} over vhost-user:\n{out}")
+        for _ in range(repeats):
+            r = measure_iperf(g, guest_ip, seconds)
+            res["guest_to_host"].append(r["guest_to_host"])
+            res["host_to_guest"].append(r["host_to_guest"])
+    return res
