@@ -30,6 +30,13 @@ def record(key: str, value) -> None:
     MEASUREMENTS[key] = value
 
 
+@pytest.fixture
+def record_measurement():
+    """record_measurement(key, value): keep a number for the end-of-run summary
+    and results/guest-measurements.json."""
+    return record
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not MEASUREMENTS:
         return

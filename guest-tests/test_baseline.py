@@ -9,14 +9,13 @@ import socket
 
 import pytest
 
-from conftest import record
 import guest as G
 
 
-def test_boots_612_kernel(tap_guest):
+def test_boots_612_kernel(tap_guest, record_measurement):
     rc, out = tap_guest.guest.run("uname -r")
     assert rc == 0 and out.strip().startswith("6.12."), out
-    record("qemu_tap.boot_seconds", tap_guest.boot_seconds)
+    record_measurement("qemu_tap.boot_seconds", tap_guest.boot_seconds)
 
 
 def test_tso_on(tap_guest):
@@ -49,20 +48,20 @@ def test_udp_gso_tool(tap_guest):
 
 
 @pytest.mark.slow
-def test_iperf3_guest_to_host(tap_guest):
+def test_iperf3_guest_to_host(tap_guest, record_measurement):
     g = tap_guest.guest
     g.start_iperf3_server()
     gbps = G.iperf3_host_client(tap_guest.guest_ip, seconds=3, reverse=True)
-    record("qemu_tap.guest_to_host_gbps", gbps)
+    record_measurement("qemu_tap.guest_to_host_gbps", gbps)
     assert gbps > 0.05
 
 
 @pytest.mark.slow
-def test_iperf3_host_to_guest(tap_guest):
+def test_iperf3_host_to_guest(tap_guest, record_measurement):
     g = tap_guest.guest
     g.start_iperf3_server()
     gbps = G.iperf3_host_client(tap_guest.guest_ip, seconds=3, reverse=False)
-    record("qemu_tap.host_to_guest_gbps", gbps)
+    record_measurement("qemu_tap.host_to_guest_gbps", gbps)
     assert gbps > 0.05
 
 
