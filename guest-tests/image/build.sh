@@ -54,8 +54,15 @@ KDIR="$CACHE/kernel-$KPKG"
 if [ ! -f "$KDIR/.done" ]; then
     say "downloading $KPKG"
     rm -rf "$KDIR"; mkdir -p "$KDIR"
-    ( cd "$KDIR" && apt-get download -q -o APT::Sandbox::User=root "$KPKG" >/dev/null ) || {
-        echo "apt-get download $KPKG failed (apt-get update needed?)" >&2; exit 1; }
+    dl() { ( cd "$KDIR" && apt-get download -q -o APT::Sandbox::User=root "$KPKG" >/dev/null ); }
+    if ! dl; then
+        if [ "$(id -u)" = 0 ]; then
+            say "download failed; apt-get update and retry"
+            apt-get update -q >/dev/null
+            KPKG="$(kernel_pkg)"; rm -rf "$KDIR"; KDIR="$CACHE/kernel-$KPKG"; mkdir -p "$KDIR"
+        fi
+        dl || { echo "apt-get download $KPKG failed (run scripts/setup.sh)" >&2; exit 1; }
+    fi
     say "extracting $(ls "$KDIR"/*.deb | xargs -n1 basename)"
     dpkg -x "$KDIR"/*.deb "$KDIR/root"
     rm -f "$KDIR"/*.deb
