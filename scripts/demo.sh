@@ -4,7 +4,8 @@
 #
 #   sudo scripts/demo.sh            # SECONDS_PER_RUN=3 REPEATS=1 by default
 #
-# Env: SECONDS_PER_RUN, REPEATS, SKIP_SETUP=1, SKIP_QEMU_TAP=1.
+# Env: SECONDS_PER_RUN, REPEATS, SKIP_SETUP=1, SKIP_BUILD=1, SKIP_QEMU_TAP=1,
+#      GSONET_BIN (default target/release/gsonet).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,9 +26,11 @@ if [ "${SKIP_SETUP:-0}" != 1 ]; then
     "$ROOT/scripts/setup.sh"
 fi
 
-say "cargo build --release"
-cargo build --release
-GSONET="$ROOT/target/release/gsonet"
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    say "cargo build --release"
+    cargo build --release
+fi
+GSONET="${GSONET_BIN:-$ROOT/target/release/gsonet}"
 [ -x "$GSONET" ] || { echo "missing $GSONET" >&2; exit 1; }
 
 # The demo subnet must be ours alone.

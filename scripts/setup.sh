@@ -27,6 +27,12 @@ if ! ls /var/lib/apt/lists/ 2>/dev/null | grep -q 'bookworm-backports.*Packages'
     need_update=1
 fi
 
+# The image build reads the backports kernel package from apt's lists.
+if [ "$need_update" = 1 ]; then
+    say "apt-get update (backports lists missing)"
+    apt-get update -q
+fi
+
 # 2. Packages. Each entry: "package[/release]".
 APT_PKGS=(
     iperf3 ethtool busybox-static iproute2 tcpdump
@@ -49,10 +55,6 @@ if [ -z "$qver" ] || ! dpkg --compare-versions "$qver" ge "1:10"; then
 fi
 
 if [ "${#missing[@]}" -gt 0 ] || [ "$need_qemu" = 1 ]; then
-    if [ "$need_update" = 1 ] || [ -z "$(ls /var/lib/apt/lists/ 2>/dev/null | grep Packages)" ]; then
-        say "apt-get update"
-        apt-get update -q
-    fi
     install() {
         if [ "$need_qemu" = 1 ]; then
             say "installing qemu-system-x86 from bookworm-backports"

@@ -33,6 +33,10 @@ if [ -z "$KPKG" ]; then
     KPKG="$(apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\+deb12(\.[0-9]+)?-amd64$' \
         | awk '{print $1}' | sort -V | tail -1)"
 fi
+if [ -z "$KPKG" ]; then
+    # offline re-run: reuse the kernel already extracted into the cache
+    KPKG="$(ls -d "$CACHE"/kernel-*/.done 2>/dev/null | sed 's|.*/kernel-||; s|/.done||' | sort -V | tail -1)"
+fi
 [ -n "$KPKG" ] || { echo "no linux-image-6.12.*-amd64 known to apt (bookworm-backports missing? run scripts/setup.sh)" >&2; exit 1; }
 
 # Stamp: this script, the init and C sources, the kernel package name and the
