@@ -1,0 +1,98 @@
+"""Shared fixtures for gsonet's QEMU guest tests.
+
+Markers: ``slow`` (iperf3 runs, file transfers; deselect with -m "not slow").
+Tests skip with a reason when not root, /dev/net/tun or QEMU is missing.
+Console and QEMU logs of every guest go to results/guest-logs/.
+"""
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import guest as G  # noqa: E402
+
+MEASUREMENTS: dict = {}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: throughput or bulk transfer under TCG (tens of seconds)")
+
+
+def record(key: str, value) -> None:
+    """Keep a measurement; printed at the end and written to results/."""
+    MEASUREMENTS[key] = value
+
+
+@pytest.fixture
+def record_measurement():
+    """record_measurement(key, value): keep a number for the end-of-run summary
+    and results/guest-measurements.json."""
+    return record
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not MEASUREMENTS:
+        return
+    terminalreporter.section("guest measurements")
+    for k, v in MEASUREMENTS.items():
+        terminalreporter.write_line(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
+    out = G.REPO / "results"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "guest-measurements.json").write_text(json.dumps(MEASUREMENTS, indent=2) + "\n")
+    except OSError:
+        pass
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "guest tests need root (taps, QEMU networking)"
+    if not G.tun_available():
+        return "/dev/net/tun is missing"
+    if shutil.which(G.QEMU) is None:
+        return f"{G.QEMU} not installed (run scripts/setup.sh)"
+    if shutil.which("iperf3") is None:
+        return "iperf3 not installed (run scripts/setup.sh)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def guest_env():
+    """Root + tun + QEMU present, guest image built (build.sh is a no-op when current)."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    if not G.image_ready() or os.environ.get("GSONET_SKIP_IMAGE_BUILD") != "1":
+        G.build_image()
+    return G
+
+
+@pytest.fixture(scope="module")
+def tap_guest(guest_env):
+    """A guest on QEMU's built-in virtio-net + a host tap with 10.77.N.1/24 and
+    fd00:77:N::1/64; the guest has .2. Yields a namespace with guest, tap,
+    host_ip, guest_ip, host_ip6, guest_ip6, boot_seconds."""
+    n = G.alloc_subnet()
+    tap = f"gsnbt{os.getpid() % 100000}"
+    ns = SimpleNamespace(
+        tap=tap,
+        host_ip=f"10.77.{n}.1", guest_ip=f"10.77.{n}.2",
+        host_ip6=f"fd00:77:{n}::1", guest_ip6=f"fd00:77:{n}::2",
+    )
+    G.create_tap(tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
+    g = G.Guest("baseline", G.Guest.tap(tap), ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
+    try:
+        g.start()
+        ns.boot_seconds = g.wait_booted()
+        ns.guest = g
+        yield ns
+    finally:
+        g.shutdown()
+        G.delete_link(tap)

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Build the gsonet test guest: a Debian bookworm-backports 6.12 kernel and a
+# busybox initramfs with virtio_net, iperf3, ethtool and the UDP GSO tools.
+# Output: guest-tests/.cache/{bzImage,initramfs.cpio.gz,stamp}. Rebuilt only
+# when this script, its inputs or the host packages it copies from change.
+# Env: GSONET_KERNEL_PKG=linux-image-6.12.X+debN-amd64 to pin the kernel;
+#      FORCE=1 to rebuild.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CACHE="$(cd "$HERE/.." && pwd)/.cache"
+mkdir -p "$CACHE"
+say() { printf '[image] %s\n' "$*"; }
+
+for tool in busybox iperf3 ethtool gcc cpio xz apt-get dpkg; do
+    command -v "$tool" >/dev/null || { echo "missing $tool: run scripts/setup.sh" >&2; exit 1; }
+done
+BUSYBOX="$(command -v busybox)"
+if ! file -L "$BUSYBOX" 2>/dev/null | grep -q 'statically' && ldd "$BUSYBOX" >/dev/null 2>&1; then
+    echo "busybox is not static: install busybox-static" >&2
+    exit 1
+fi
+
+# Which kernel: the one bookworm-backports' linux-image-amd64 points at, unless pinned.
+kernel_pkg() {
+    if [ -n "${GSONET_KERNEL_PKG:-}" ]; then echo "$GSONET_KERNEL_PKG"; return; fi
+    apt-cache show linux-image-amd64 2>/dev/null \
+        | awk '/^Depends:/ && $2 ~ /^linux-image-6\.12\./ {print $2; exit}'
+}
+KPKG="$(kernel_pkg)"
+if [ -z "$KPKG" ]; then
+    # fall back to the newest signed 6.12 amd64 image apt knows
+    KPKG="$(apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\+deb12(\.[0-9]+)?-amd64$' \
+        | awk '{print $1}' | sort -V | tail -1)"
+fi
+if [ -z "$KPKG" ]; then
+    # offline re-run: reuse the kernel already extracted into the cache
+    KPKG="$(ls -d "$CACHE"/kernel-*/.done 2>/dev/null | sed 's|.*/kernel-||; s|/.done||' | sort -V | tail -1)"
+fi
+[ -n "$KPKG" ] || { echo "no linux-image-6.12.*-amd64 known to apt (bookworm-backports missing? run scripts/setup.sh)" >&2; exit 1; }
+
+# Stamp: this script, the init and C sources, the kernel package name and the
+# versions of the host packages copied into the image.
+pkgver() { dpkg-query -W -f='${Package}=${Version} ' "$@" 2>/dev/null || true; }
+STAMP="$( {
+    cat "$HERE/build.sh" "$HERE/init" "$HERE"/*.c
+    echo "$KPKG"
+    pkgver busybox-static iperf3 libiperf0 ethtool libc6 libssl3 libsctp1 libmnl0
+} | sha256sum | cut -d' ' -f1)"
+if [ "${FORCE:-0}" != 1 ] && [ -f "$CACHE/stamp" ] && [ "$(cat "$CACHE/stamp")" = "$STAMP" ] \
+    && [ -f "$CACHE/bzImage" ] && [ -f "$CACHE/initramfs.cpio.gz" ]; then
+    say "up to date ($KPKG)"
+    exit 0
+fi
+
+# 1. Kernel package -> bzImage + the three modules.
+KDIR="$CACHE/kernel-$KPKG"
+if [ ! -f "$KDIR/.done" ]; then
+    say "downloading $KPKG"
+    rm -rf "$KDIR"; mkdir -p "$KDIR"
+    dl() { ( cd "$KDIR" && apt-get download -q -o APT::Sandbox::User=root "$KPKG" >/dev/null ); }
+    if ! dl; then
+        if [ "$(id -u)" = 0 ]; then
+            say "download failed; apt-get update and retry"
+            apt-get update -q >/dev/null
+            KPKG="$(kernel_pkg)"; rm -rf "$KDIR"; KDIR="$CACHE/kernel-$KPKG"; mkdir -p "$KDIR"
+        fi
+        dl || { echo "apt-get download $KPKG failed (run scripts/setup.sh)" >&2; exit 1; }
+    fi
+    say "extracting $(ls "$KDIR"/*.deb | xargs -n1 basename)"
+    dpkg -x "$KDIR"/*.deb "$KDIR/root"
+    rm -f "$KDIR"/*.deb
+    # keep only what the image uses: vmlinuz, config and the three net modules
+    find "$KDIR/root" -name '*.ko*' ! -name 'failover.ko*' ! -name 'net_failover.ko*' \
+        ! -name 'virtio_net.ko*' -delete
+    find "$KDIR/root" -depth -type d -empty -delete
+    touch "$KDIR/.done"
+fi
+VMLINUZ="$(ls "$KDIR"/root/boot/vmlinuz-* | head -1)"
+KVER="${VMLINUZ##*/vmlinuz-}"
+MODDIR="$KDIR/root/lib/modules/$KVER/kernel"
+[ -d "$MODDIR" ] || MODDIR="$KDIR/root/usr/lib/modules/$KVER/kernel"
+
+# 2. initramfs tree.
+say "assembling initramfs for $KVER"
+T="$CACHE/initramfs.tmp"
+rm -rf "$T"
+mkdir -p "$T"/{bin,sbin,usr/bin,usr/sbin,lib,lib64,lib/modules,proc,sys,dev,tmp,run,etc,root}
+cp "$BUSYBOX" "$T/bin/busybox"
+for applet in $("$BUSYBOX" --list); do
+    [ "$applet" = busybox ] && continue
+    ln -sf busybox "$T/bin/$applet"
+done
+for m in failover net_failover virtio_net; do
+    ko="$(find "$MODDIR" -name "$m.ko*" | head -1)"
+    [ -n "$ko" ] || { echo "module $m not found in $MODDIR" >&2; exit 1; }
+    case "$ko" in
+        *.xz)  xz -dc "$ko" > "$T/lib/modules/$m.ko" ;;
+        *.zst) zstd -qdc "$ko" > "$T/lib/modules/$m.ko" ;;
+        *.gz)  gzip -dc "$ko" > "$T/lib/modules/$m.ko" ;;
+        *)     cp "$ko" "$T/lib/modules/$m.ko" ;;
+    esac
+done
+
+# Dynamic binaries with their shared libraries (ldd), replacing busybox applets
+# of the same name where they exist.
+copy_with_libs() {
+    local bin="$1" dest="$2"
+    rm -f "$T$dest"
+    cp -L "$bin" "$T$dest"
+    ldd "$bin" | awk '/=>/ {print $3} /^\t\/.*ld-linux/ {print $1}' | while read -r lib; do
+        [ -f "$lib" ] || continue
+        mkdir -p "$T$(dirname "$lib")"
+        cp -Ln "$lib" "$T$lib" 2>/dev/null || true
+        # make libs findable at /lib too
+        [ -e "$T/lib/$(basename "$lib")" ] || cp -L "$lib" "$T/lib/"
+    done
+}
+copy_with_libs "$(command -v iperf3)" /usr/bin/iperf3
+copy_with_libs "$(command -v ethtool)" /usr/sbin/ethtool
+
+# UDP GSO tools (static).
+gcc -static -O2 -Wall -o "$T/usr/bin/udpgso_send" "$HERE/udpgso_send.c"
+gcc -static -O2 -Wall -o "$T/usr/bin/udp_recv" "$HERE/udp_recv.c"
+strip "$T/usr/bin/udpgso_send" "$T/usr/bin/udp_recv" 2>/dev/null || true
+
+cp "$HERE/init" "$T/init"
+chmod +x "$T/init"
+echo "root:x:0:0:root:/root:/bin/sh" > "$T/etc/passwd"
+echo "root:x:0:" > "$T/etc/group"
+printf '127.0.0.1 localhost\n::1 localhost\n' > "$T/etc/hosts"
+
+# 3. Pack.
+( cd "$T" && find . -print0 | cpio --null -o -H newc --quiet ) | gzip -1 > "$CACHE/initramfs.cpio.gz.new"
+mv "$CACHE/initramfs.cpio.gz.new" "$CACHE/initramfs.cpio.gz"
+cp "$VMLINUZ" "$CACHE/bzImage"
+echo "$KVER" > "$CACHE/kernel-version"
+rm -rf "$T"
+echo "$STAMP" > "$CACHE/stamp"
+say "built $CACHE/bzImage ($KVER) and initramfs.cpio.gz ($(du -h "$CACHE/initramfs.cpio.gz" | cut -f1))"
