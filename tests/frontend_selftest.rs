@@ -126,10 +126,8 @@ impl Loopback {
                 let Some(chain) = v.get_queue_mut().pop_descriptor_chain(mem.clone()) else {
                     // Out of buffers: undo, ask to be kicked, retry if some appeared.
                     v.get_queue_mut().set_next_avail(saved);
-                    if st.event_idx {
-                        if v.enable_notification().map_err(io::Error::other)? {
-                            continue 'frames;
-                        }
+                    if st.event_idx && v.enable_notification().map_err(io::Error::other)? {
+                        continue 'frames;
                     }
                     break 'frames;
                 };

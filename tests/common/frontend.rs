@@ -776,12 +776,12 @@ impl TestFrontend {
             "{ndesc} descriptors do not fit a queue of {}",
             self.opts.queue_size
         );
-        self.make_room(TX_QUEUE, ndesc, bytes.len() as u64 + 64 * segs.len() as u64)?;
+        self.make_room(TX_QUEUE, ndesc)?;
 
         let mut allocs = Vec::new();
         let mut table = Vec::with_capacity(segs.len());
         for &(off, len) in &segs {
-            let a = self.alloc(len as u64 + GUARD, 8)?;
+            let a = self.alloc_tx(len as u64 + GUARD, 8)?;
             allocs.push((a, len as u64 + GUARD));
             self.mem
                 .write_slice(&bytes[off..off + len], GuestAddress(a))?;
@@ -897,7 +897,7 @@ impl TestFrontend {
     /// Their used entries are recorded in `raw_used`.
     pub fn push_raw(&mut self, queue: usize, descs: &[RawDesc]) -> Result<u16> {
         ensure!(!descs.is_empty(), "empty chain");
-        self.make_room(queue, descs.len(), 0)?;
+        self.make_room(queue, descs.len())?;
         let head = self.publish_chain(queue, descs, Vec::new(), ChainKind::Raw)?;
         self.notify(queue)?;
         Ok(head)
@@ -1099,33 +1099,37 @@ impl TestFrontend {
             .ok_or_else(|| anyhow!("guest memory exhausted allocating {len} bytes"))
     }
 
-    /// Ensure `ndesc` free descriptors and `bytes` of memory, reclaiming TX if needed.
-    fn make_room(&mut self, queue: usize, ndesc: usize, bytes: u64) -> Result<()> {
+    /// Ensure `ndesc` free descriptors, reclaiming (and waiting for) TX if needed.
+    fn make_room(&mut self, queue: usize, ndesc: usize) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            let mem_ok = bytes == 0 || {
-                match self.arena.alloc(bytes, 8) {
-                    Some(a) => {
-                        self.arena.free(a, bytes);
-                        true
-                    }
-                    None => false,
-                }
-            };
-            if self.queues[queue].free.len() >= ndesc && mem_ok {
-                return Ok(());
-            }
+        while self.queues[queue].free.len() < ndesc {
             ensure!(
-                queue == TX_QUEUE,
+                queue == TX_QUEUE && !self.queues[TX_QUEUE].inflight.is_empty(),
                 "queue {queue}: {} free descriptors, need {ndesc}",
                 self.queues[queue].free.len()
             );
             match self.wait_used(TX_QUEUE, deadline)? {
                 Some((id, len)) => self.complete_tx(id, len)?,
-                None => bail!(
-                    "TX queue full: {} free descriptors, need {ndesc}; backend not completing",
-                    self.queues[queue].free.len()
-                ),
+                None => bail!("TX queue full and the backend is not completing chains"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocate memory for TX data, reclaiming (and waiting for) TX chains if needed.
+    fn alloc_tx(&mut self, len: u64, align: u64) -> Result<u64> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            if let Some(a) = self.arena.alloc(len, align) {
+                return Ok(a);
+            }
+            ensure!(
+                !self.queues[TX_QUEUE].inflight.is_empty(),
+                "guest memory exhausted allocating {len} bytes"
+            );
+            match self.wait_used(TX_QUEUE, deadline)? {
+                Some((id, l)) => self.complete_tx(id, l)?,
+                None => bail!("guest memory full and the backend is not completing TX"),
             }
         }
     }
@@ -1136,7 +1140,7 @@ impl TestFrontend {
         allocs: &mut Vec<(u64, u64)>,
     ) -> Result<u64> {
         let len = 16 * table.len() as u64;
-        let t = self.alloc(len, 16)?;
+        let t = self.alloc_tx(len, 16)?;
         allocs.push((t, len));
         for (i, d) in table.iter().enumerate() {
             let mut flags = d.flags;
