@@ -221,6 +221,8 @@ impl PortBackend {
         };
         let neg = self.port.negotiated().unwrap_or_default();
         let port = &self.port;
+        // No chain may be longer than the queue (an indirect table could claim more).
+        let qsize = txq.get_ref().get_queue().size() as usize;
         DeliverCtx::with(|ctx| {
             loop {
                 let _ = txq.disable_notification();
@@ -229,7 +231,7 @@ impl PortBackend {
                     let chain = txq.get_mut().get_queue_mut().pop_descriptor_chain(&*mem);
                     let Some(chain) = chain else { break };
                     let head = chain.head_index();
-                    match tx::read_chain(&mem, chain, neg.hdr_len()) {
+                    match tx::read_chain(&mem, chain, neg.hdr_len(), qsize) {
                         Ok(f) => {
                             port.stats.tx(f.len);
                             if let Err(reason) = check_tx(&neg, &f.hdr, &f.parts) {

@@ -32,6 +32,10 @@ pub enum TxError {
     TooLong,
     #[error("bad virtio_net_hdr: {0}")]
     Header(#[from] HdrError),
+    #[error("descriptor chain ends with NEXT set (a loop, a next index out of range, or a bad indirect table)")]
+    BrokenChain,
+    #[error("descriptor chain longer than the queue ({0} descriptors)")]
+    ChainTooLong(usize),
 }
 
 impl TxError {
@@ -43,6 +47,8 @@ impl TxError {
             TxError::TooShort(_) => "too_short",
             TxError::TooLong => "too_long",
             TxError::Header(_) => "bad_header",
+            TxError::BrokenChain => "broken_chain",
+            TxError::ChainTooLong(_) => "chain_too_long",
         }
     }
 }
@@ -50,10 +56,17 @@ impl TxError {
 /// Reads a TX chain whose virtio_net_hdr is `hdr_len` bytes (12, or 10 for a legacy
 /// guest without MRG_RXBUF). `descs` is the chain as walked by virtio-queue (which
 /// follows indirect tables and bounds loops by the queue size).
+///
+/// virtio-queue ends the walk quietly when it meets a loop, a `next` out of range or a
+/// bad indirect table: the last descriptor it yields then still has NEXT set, and such
+/// a chain is refused rather than sent truncated (or, for a loop, padded with repeats).
+/// A chain of more than `max_descs` descriptors (the queue size; an indirect table may
+/// hold more) is refused too (virtio 1.2, 2.7.5.3.1).
 pub fn read_chain<'m, I>(
     mem: &'m GuestMem,
     descs: I,
     hdr_len: usize,
+    max_descs: usize,
 ) -> Result<TxFrame<'m>, TxError>
 where
     I: IntoIterator<Item = Descriptor>,
@@ -62,7 +75,14 @@ where
     let mut hdr_have = 0;
     let mut parts = Vec::with_capacity(4);
     let mut total = 0usize;
+    let mut count = 0usize;
+    let mut last_has_next = false;
     for d in descs {
+        count += 1;
+        if count > max_descs {
+            return Err(TxError::ChainTooLong(count));
+        }
+        last_has_next = d.has_next();
         if d.is_write_only() {
             return Err(TxError::WritableDescriptor);
         }
@@ -83,6 +103,9 @@ where
             parts[i] = &s[take..];
             i += 1;
         }
+    }
+    if last_has_next {
+        return Err(TxError::BrokenChain);
     }
     if hdr_have < hdr_len {
         return Err(TxError::Header(HdrError::Short(hdr_have)));
@@ -137,6 +160,7 @@ mod tests {
                 desc(0x5003, (all.len() - 14) as u32, 0),
             ],
             HDR_LEN,
+            256,
         )
         .unwrap();
         assert_eq!(f.hdr, hdr);
@@ -148,22 +172,44 @@ mod tests {
     fn rejects_writable_out_of_range_short_and_long() {
         let m = mem();
         assert_eq!(
-            read_chain(&m, [desc(0, 64, VRING_DESC_F_WRITE as u16)], HDR_LEN).unwrap_err(),
+            read_chain(&m, [desc(0, 64, VRING_DESC_F_WRITE as u16)], HDR_LEN, 256).unwrap_err(),
             TxError::WritableDescriptor
         );
         assert!(matches!(
-            read_chain(&m, [desc(0x1ffff, 64, 0)], HDR_LEN).unwrap_err(),
+            read_chain(&m, [desc(0x1ffff, 64, 0)], HDR_LEN, 256).unwrap_err(),
             TxError::BadAddress(_)
         ));
         assert_eq!(
-            read_chain(&m, [desc(0, 8, 0)], HDR_LEN).unwrap_err(),
+            read_chain(&m, [desc(0, 8, 0)], HDR_LEN, 256).unwrap_err(),
             TxError::Header(HdrError::Short(8))
         );
         assert_eq!(
-            read_chain(&m, [desc(0, 20, 0)], HDR_LEN).unwrap_err(),
+            read_chain(&m, [desc(0, 20, 0)], HDR_LEN, 256).unwrap_err(),
             TxError::TooShort(8)
         );
         let long = (0..2).map(|_| desc(0, 0xffff, VRING_DESC_F_NEXT as u16));
-        assert_eq!(read_chain(&m, long, HDR_LEN).unwrap_err(), TxError::TooLong);
+        assert_eq!(
+            read_chain(&m, long, HDR_LEN, 256).unwrap_err(),
+            TxError::TooLong
+        );
+    }
+
+    #[test]
+    fn rejects_truncated_and_overlong_chains() {
+        let m = mem();
+        let n = VRING_DESC_F_NEXT as u16;
+        // The walk stopped on a descriptor that still points on (loop, bad next).
+        assert_eq!(
+            read_chain(&m, [desc(0, 12, n), desc(0x100, 64, n)], HDR_LEN, 256).unwrap_err(),
+            TxError::BrokenChain
+        );
+        // More descriptors than the queue has entries.
+        let many = (0..5).map(|i| desc(i * 0x40, 16, if i < 4 { n } else { 0 }));
+        assert_eq!(
+            read_chain(&m, many, HDR_LEN, 4).unwrap_err(),
+            TxError::ChainTooLong(5)
+        );
+        let ok = (0..4).map(|i| desc(i * 0x40, 16, if i < 3 { n } else { 0 }));
+        assert_eq!(read_chain(&m, ok, HDR_LEN, 4).unwrap().len, 52);
     }
 }
