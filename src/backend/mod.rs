@@ -132,6 +132,12 @@ fn serve_port(port: Arc<Port>, switch: Arc<Switch>, listener: Option<UnixListene
         };
         info!(port = %name, "frontend connected");
         let r = daemon.wait();
+        // Stop this connection's queue workers before forgetting the guest: the
+        // daemon holds the last reference to its handler, whose drop joins them. A
+        // worker still running could otherwise handle one more kick and put this
+        // connection's RX vring back into the port after the cleanup, where the next
+        // guest would inherit it.
+        drop(daemon);
         port.set_connected(false);
         switch.port_down(port.id);
         match r {
