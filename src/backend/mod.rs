@@ -114,7 +114,11 @@ fn serve_port(port: Arc<Port>, switch: Arc<Switch>, listener: Option<UnixListene
             let backend =
                 PortBackend::new(port.clone(), switch.clone()).map_err(|e| e.to_string())?;
             let mem = GuestMemoryAtomic::new(GuestMem::default());
-            let mut daemon = VhostUserDaemon::new(format!("gsonet-{}", port.id), backend, mem)
+            let mut daemon =
+                VhostUserDaemon::new(format!("gsonet-{}", port.id), backend.clone(), mem)
+                    .map_err(|e| e.to_string())?;
+            backend
+                .introduce_workers(&daemon.get_epoll_handlers())
                 .map_err(|e| e.to_string())?;
             let (mut inner, addr) = inner_listener(&port).map_err(|e| e.to_string())?;
             let back = UnixStream::connect_addr(&addr).map_err(|e| e.to_string())?;
