@@ -173,13 +173,7 @@ fn on_off(what: &'static str, key: &str, v: &str) -> Result<bool, ConfigError> {
     }
 }
 
-fn number<T>(
-    what: &'static str,
-    key: &str,
-    v: &str,
-    lo: T,
-    hi: T,
-) -> Result<T, ConfigError>
+fn number<T>(what: &'static str, key: &str, v: &str, lo: T, hi: T) -> Result<T, ConfigError>
 where
     T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
 {
