@@ -1,5 +1,5 @@
 //! gsonet: a vhost-user virtio-net backend that negotiates checksum and segmentation
 //! offloads with each guest and segments in software only for peers that need it.
 
-pub mod vnet_hdr;
 pub mod segment;
+pub mod vnet_hdr;
