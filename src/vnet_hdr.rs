@@ -408,4 +408,363 @@ mod tests {
         );
         assert_eq!(VirtioNetHdr::from_bytes(&b[..10]), Err(HdrError::Short(10)));
     }
+
+    mod validate {
+        use super::*;
+        use crate::segment::testutil::{build, gso_hdr, pattern, split, FrameSpec};
+        use crate::segment::ParseError;
+
+        fn tcp(v6: bool, n: usize) -> (Vec<u8>, usize) {
+            build(&FrameSpec {
+                v6,
+                payload: pattern(n),
+                ..FrameSpec::default()
+            })
+        }
+
+        fn udp(v6: bool, n: usize) -> (Vec<u8>, usize) {
+            build(&FrameSpec {
+                v6,
+                tcp: false,
+                payload: pattern(n),
+                ..FrameSpec::default()
+            })
+        }
+
+        fn v(h: &VirtioNetHdr, f: &[u8]) -> Result<ValidFrame, InvalidHdr> {
+            // Same answer whatever the split.
+            let whole = validate(h, &[f]);
+            assert_eq!(validate(h, &split(f, &[1, 13, 35, 60])), whole);
+            whole
+        }
+
+        #[test]
+        fn rule1_unknown_gso_type_and_short_header() {
+            let mut raw = [0u8; HDR_LEN];
+            for t in [2u8, 6, 0x7f, 0x82] {
+                raw[1] = t;
+                assert_eq!(
+                    validate_bytes(&raw, &[]),
+                    Err(InvalidHdr::UnknownGsoType(t & 0x7f))
+                );
+            }
+            assert_eq!(
+                validate_bytes(&raw[..10], &[]),
+                Err(InvalidHdr::ShortHeader(10))
+            );
+            raw[1] = 0;
+            let (h, ok) = validate_bytes(&raw, &[&[0u8; 60]]).unwrap();
+            assert_eq!((h.gso, ok.segments), (GsoType::NONE, 1));
+        }
+
+        #[test]
+        fn rule2_gso_size_zero_and_max() {
+            let (f, l4) = tcp(false, 3000);
+            let h = gso_hdr(GsoKind::TcpV4, 0, l4, true);
+            assert_eq!(v(&h, &f), Err(InvalidHdr::GsoSizeZero));
+            let h = gso_hdr(GsoKind::TcpV4, 0xffff, l4, true);
+            assert_eq!(v(&h, &f), Err(InvalidHdr::GsoSizeMax));
+            let h = gso_hdr(GsoKind::TcpV4, 0xfffe, l4, true);
+            assert!(v(&h, &f).is_ok());
+            // gso_size is irrelevant without GSO.
+            let h = VirtioNetHdr {
+                gso: GsoType::NONE,
+                gso_size: 0,
+                ..h
+            };
+            assert!(v(&h, &f).is_ok());
+        }
+
+        #[test]
+        fn rule3_csum_bounds() {
+            let (f, l4) = tcp(false, 100);
+            let n = f.len();
+            let mut h = gso_hdr(GsoKind::None, 0, l4, true);
+            h.gso = GsoType::NONE;
+            // Field ends exactly at the frame end: accepted.
+            h.csum_start = (n - 18) as u16;
+            assert!(v(&h, &f).is_ok());
+            h.csum_start = (n - 17) as u16;
+            assert_eq!(
+                v(&h, &f),
+                Err(InvalidHdr::CsumOutOfFrame {
+                    start: h.csum_start,
+                    offset: 16,
+                    frame_len: n
+                })
+            );
+            // No overflow with the largest values.
+            h.csum_start = 0xffff;
+            h.csum_offset = 0xffff;
+            assert!(matches!(v(&h, &f), Err(InvalidHdr::CsumOutOfFrame { .. })));
+            // Without NEEDS_CSUM the fields are not looked at.
+            h.flags = F_DATA_VALID;
+            assert!(v(&h, &f).is_ok());
+        }
+
+        #[test]
+        fn rule3_csum_start_minimums() {
+            let (f, l4) = tcp(false, 3000);
+            let mut h = gso_hdr(GsoKind::TcpV4, 1448, l4, true);
+            h.csum_start = 33;
+            assert_eq!(
+                v(&h, &f),
+                Err(InvalidHdr::CsumStartTooSmall { start: 33, min: 34 })
+            );
+            h.csum_start = 34;
+            assert!(v(&h, &f).is_ok());
+            let (f6, l4) = tcp(true, 3000);
+            let mut h = gso_hdr(GsoKind::TcpV6, 1448, l4, true);
+            h.csum_start = 53;
+            assert_eq!(
+                v(&h, &f6),
+                Err(InvalidHdr::CsumStartTooSmall { start: 53, min: 54 })
+            );
+            // Above the minimum but not at the L4 header (IPv4 options present).
+            let (fo, l4) = build(&FrameSpec {
+                ip4_opts: vec![1, 1, 1, 1],
+                payload: pattern(3000),
+                ..FrameSpec::default()
+            });
+            let mut h = gso_hdr(GsoKind::TcpV4, 1448, l4, true);
+            h.csum_start = 34;
+            assert_eq!(
+                v(&h, &fo),
+                Err(InvalidHdr::CsumStartNotL4 {
+                    start: 34,
+                    l4_off: 38
+                })
+            );
+        }
+
+        #[test]
+        fn rule4_type_protocol_mismatch() {
+            let (f4, l4) = tcp(false, 3000);
+            let (f6, l6) = tcp(true, 3000);
+            let (u4, lu) = udp(false, 3000);
+            let h = gso_hdr(GsoKind::TcpV4, 1448, l6, true);
+            assert_eq!(
+                v(&h, &f6),
+                Err(InvalidHdr::L3Mismatch {
+                    gso: GsoKind::TcpV4,
+                    found: L3::Ipv6
+                })
+            );
+            let h = gso_hdr(GsoKind::TcpV6, 1448, l4, true);
+            assert_eq!(
+                v(&h, &f4),
+                Err(InvalidHdr::L3Mismatch {
+                    gso: GsoKind::TcpV6,
+                    found: L3::Ipv4
+                })
+            );
+            let h = gso_hdr(GsoKind::TcpV4, 1448, lu, true);
+            assert_eq!(
+                v(&h, &u4),
+                Err(InvalidHdr::L4Mismatch {
+                    gso: GsoKind::TcpV4,
+                    proto: 17
+                })
+            );
+            let h = gso_hdr(GsoKind::UdpL4, 1448, l4, false);
+            assert_eq!(
+                v(&h, &f4),
+                Err(InvalidHdr::L4Mismatch {
+                    gso: GsoKind::UdpL4,
+                    proto: 6
+                })
+            );
+            let h = gso_hdr(GsoKind::Udp, 1448, l4, false);
+            assert_eq!(
+                v(&h, &f4),
+                Err(InvalidHdr::L4Mismatch {
+                    gso: GsoKind::Udp,
+                    proto: 6
+                })
+            );
+            // tap.c: GSO_UDP with ethertype 0 -> refused.
+            let mut e0 = u4.clone();
+            e0[12..14].copy_from_slice(&[0, 0]);
+            let h = gso_hdr(GsoKind::Udp, 1448, lu, false);
+            assert_eq!(
+                v(&h, &e0),
+                Err(InvalidHdr::BadHeaders(ParseError::UnsupportedEthertype(0)))
+            );
+            // Truncated headers.
+            let h = gso_hdr(GsoKind::TcpV4, 1448, l4, true);
+            assert!(matches!(
+                validate(&h, &[&f4[..40]]),
+                Err(InvalidHdr::CsumOutOfFrame { .. })
+            ));
+            let h = VirtioNetHdr { flags: 0, ..h };
+            assert!(matches!(
+                validate(&h, &[&f4[..40]]),
+                Err(InvalidHdr::BadHeaders(ParseError::Truncated { .. }))
+            ));
+        }
+
+        #[test]
+        fn rule5_tso_csum_offset() {
+            let (f, l4) = tcp(false, 3000);
+            let mut h = gso_hdr(GsoKind::TcpV4, 1448, l4, true);
+            h.csum_offset = 6;
+            assert_eq!(v(&h, &f), Err(InvalidHdr::TsoCsumOffset(6)));
+            // TSO without NEEDS_CSUM: headers probed, accepted (as Linux does).
+            h.flags = 0;
+            assert!(v(&h, &f).is_ok());
+            // ECN is fine on TCP.
+            let h = VirtioNetHdr {
+                gso: GsoType {
+                    kind: GsoKind::TcpV4,
+                    ecn: true,
+                },
+                ..gso_hdr(GsoKind::TcpV4, 1448, l4, true)
+            };
+            assert_eq!(v(&h, &f).unwrap().segments, 3);
+        }
+
+        #[test]
+        fn rule5_uso_requirements() {
+            let (f, l4) = udp(true, 3000);
+            let ok = gso_hdr(GsoKind::UdpL4, 1452, l4, false);
+            assert_eq!(v(&ok, &f).unwrap().segments, 3);
+            let h = VirtioNetHdr { flags: 0, ..ok };
+            assert_eq!(v(&h, &f), Err(InvalidHdr::UsoNoCsum));
+            let h = VirtioNetHdr {
+                csum_offset: 16,
+                ..ok
+            };
+            assert_eq!(v(&h, &f), Err(InvalidHdr::UsoCsumOffset(16)));
+            let h = VirtioNetHdr {
+                gso: GsoType {
+                    kind: GsoKind::UdpL4,
+                    ecn: true,
+                },
+                ..ok
+            };
+            assert_eq!(v(&h, &f), Err(InvalidHdr::UsoEcn));
+        }
+
+        #[test]
+        fn rule5_uso_max_segments() {
+            for (n, want) in [
+                (1usize, Ok(1usize)),
+                (2, Ok(2)),
+                (128, Ok(128)),
+                (129, Err(129usize)),
+            ] {
+                let (f, l4) = udp(false, n);
+                let h = gso_hdr(GsoKind::UdpL4, 1, l4, false);
+                let got = v(&h, &f).map(|ok| ok.segments);
+                assert_eq!(
+                    got,
+                    want.map_err(|segments| InvalidHdr::UsoTooManySegments { segments }),
+                    "{n}"
+                );
+            }
+            let (f, l4) = udp(false, 5);
+            assert_eq!(
+                v(&gso_hdr(GsoKind::UdpL4, 2, l4, false), &f)
+                    .unwrap()
+                    .segments,
+                3
+            );
+            let (f, l4) = udp(false, 65535 - 28);
+            assert_eq!(
+                v(&gso_hdr(GsoKind::UdpL4, 1472, l4, false), &f)
+                    .unwrap()
+                    .segments,
+                45
+            );
+        }
+
+        #[test]
+        fn rule6_payload_within_gso_size_is_a_plain_frame() {
+            let (f, l4) = udp(false, 1472);
+            let r = v(&gso_hdr(GsoKind::UdpL4, 1472, l4, false), &f).unwrap();
+            assert_eq!((r.gso, r.segments), (GsoType::NONE, 1));
+            let r = v(&gso_hdr(GsoKind::UdpL4, 1473, l4, false), &f).unwrap();
+            assert_eq!(r.gso, GsoType::NONE);
+            let r = v(&gso_hdr(GsoKind::UdpL4, 1471, l4, false), &f).unwrap();
+            assert_eq!((r.gso.kind, r.segments), (GsoKind::UdpL4, 2));
+            let (f, l4) = tcp(false, 0);
+            let r = v(&gso_hdr(GsoKind::TcpV4, 1448, l4, true), &f).unwrap();
+            assert_eq!((r.gso, r.segments), (GsoType::NONE, 1));
+        }
+
+        #[test]
+        fn rule7_hdr_len_is_ignored() {
+            let (f, l4) = tcp(false, 3000);
+            for hl in [0u16, 1, 54, 60000, 0xffff] {
+                let h = VirtioNetHdr {
+                    hdr_len: hl,
+                    ..gso_hdr(GsoKind::TcpV4, 1448, l4, true)
+                };
+                assert_eq!(v(&h, &f).unwrap().segments, 3);
+            }
+        }
+
+        #[test]
+        fn data_valid_frame_accepted_and_ufo_checks() {
+            let (f, _) = udp(false, 100);
+            let h = VirtioNetHdr {
+                flags: F_DATA_VALID,
+                ..VirtioNetHdr::default()
+            };
+            assert!(v(&h, &f).is_ok());
+            let (f, l4) = udp(false, 4000);
+            let h = VirtioNetHdr {
+                flags: 0,
+                ..gso_hdr(GsoKind::Udp, 1480, l4, false)
+            };
+            assert_eq!(v(&h, &f).unwrap().segments, 3);
+            let h = VirtioNetHdr { gso_size: 4, ..h };
+            assert_eq!(
+                v(&h, &f),
+                Err(InvalidHdr::Unsegmentable(SegmentError::FragmentTooSmall {
+                    size: 0,
+                    headers: 8
+                }))
+            );
+        }
+
+        #[test]
+        fn reasons_are_distinct() {
+            let all = [
+                InvalidHdr::ShortHeader(0),
+                InvalidHdr::UnknownGsoType(2),
+                InvalidHdr::GsoSizeZero,
+                InvalidHdr::GsoSizeMax,
+                InvalidHdr::CsumOutOfFrame {
+                    start: 0,
+                    offset: 0,
+                    frame_len: 0,
+                },
+                InvalidHdr::CsumStartTooSmall { start: 0, min: 0 },
+                InvalidHdr::CsumStartNotL4 {
+                    start: 0,
+                    l4_off: 0,
+                },
+                InvalidHdr::BadHeaders(ParseError::HeadersTooLong),
+                InvalidHdr::L3Mismatch {
+                    gso: GsoKind::TcpV4,
+                    found: L3::Ipv6,
+                },
+                InvalidHdr::L4Mismatch {
+                    gso: GsoKind::TcpV4,
+                    proto: 17,
+                },
+                InvalidHdr::TsoCsumOffset(0),
+                InvalidHdr::UsoNoCsum,
+                InvalidHdr::UsoCsumOffset(0),
+                InvalidHdr::UsoEcn,
+                InvalidHdr::UsoTooManySegments { segments: 0 },
+                InvalidHdr::Unsegmentable(SegmentError::GsoSizeZero),
+            ];
+            let mut names: Vec<&str> = all.iter().map(|e| e.reason()).collect();
+            names.sort_unstable();
+            names.dedup();
+            assert_eq!(names.len(), all.len());
+        }
+    }
 }

@@ -25,7 +25,7 @@ mod tcp;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 mod udp;
 
 use thiserror::Error;
