@@ -21,6 +21,8 @@
 pub mod csum;
 mod ip;
 pub mod parse;
+#[cfg(test)]
+mod proptests;
 mod tcp;
 #[cfg(test)]
 mod tests;
