@@ -19,6 +19,7 @@
 //! checksum (it spans fragments) and flags 0.
 
 pub mod csum;
+pub mod fuzz;
 mod ip;
 pub mod parse;
 #[cfg(test)]
