@@ -32,6 +32,12 @@ pub enum TxError {
     TooLong,
     #[error("bad virtio_net_hdr: {0}")]
     Header(#[from] HdrError),
+    #[error("chain has more descriptors than the queue has entries")]
+    TooManyDescriptors,
+    #[error(
+        "chain ends at a descriptor that has NEXT set (bad next index, loop or bad indirect table)"
+    )]
+    Broken,
 }
 
 impl TxError {
@@ -43,17 +49,22 @@ impl TxError {
             TxError::TooShort(_) => "too_short",
             TxError::TooLong => "too_long",
             TxError::Header(_) => "bad_header",
+            TxError::TooManyDescriptors => "too_many_descriptors",
+            TxError::Broken => "broken_chain",
         }
     }
 }
 
 /// Reads a TX chain whose virtio_net_hdr is `hdr_len` bytes (12, or 10 for a legacy
-/// guest without MRG_RXBUF). `descs` is the chain as walked by virtio-queue (which
-/// follows indirect tables and bounds loops by the queue size).
+/// guest without MRG_RXBUF). `descs` is the chain as walked by virtio-queue, which
+/// follows indirect tables but ends silently on a bad one, a bad next index or a loop:
+/// a last descriptor that still has NEXT set is how such a chain shows. A chain may not
+/// have more than `max_descs` (the queue size) descriptors.
 pub fn read_chain<'m, I>(
     mem: &'m GuestMem,
     descs: I,
     hdr_len: usize,
+    max_descs: usize,
 ) -> Result<TxFrame<'m>, TxError>
 where
     I: IntoIterator<Item = Descriptor>,
@@ -62,7 +73,14 @@ where
     let mut hdr_have = 0;
     let mut parts = Vec::with_capacity(4);
     let mut total = 0usize;
+    let mut count = 0usize;
+    let mut last_has_next = false;
     for d in descs {
+        count += 1;
+        if count > max_descs {
+            return Err(TxError::TooManyDescriptors);
+        }
+        last_has_next = d.has_next();
         if d.is_write_only() {
             return Err(TxError::WritableDescriptor);
         }
@@ -83,6 +101,9 @@ where
             parts[i] = &s[take..];
             i += 1;
         }
+    }
+    if last_has_next {
+        return Err(TxError::Broken);
     }
     if hdr_have < hdr_len {
         return Err(TxError::Header(HdrError::Short(hdr_have)));
@@ -137,6 +158,7 @@ mod tests {
                 desc(0x5003, (all.len() - 14) as u32, 0),
             ],
             HDR_LEN,
+            256,
         )
         .unwrap();
         assert_eq!(f.hdr, hdr);
@@ -148,22 +170,41 @@ mod tests {
     fn rejects_writable_out_of_range_short_and_long() {
         let m = mem();
         assert_eq!(
-            read_chain(&m, [desc(0, 64, VRING_DESC_F_WRITE as u16)], HDR_LEN).unwrap_err(),
+            read_chain(&m, [desc(0, 64, VRING_DESC_F_WRITE as u16)], HDR_LEN, 256).unwrap_err(),
             TxError::WritableDescriptor
         );
         assert!(matches!(
-            read_chain(&m, [desc(0x1ffff, 64, 0)], HDR_LEN).unwrap_err(),
+            read_chain(&m, [desc(0x1ffff, 64, 0)], HDR_LEN, 256).unwrap_err(),
             TxError::BadAddress(_)
         ));
         assert_eq!(
-            read_chain(&m, [desc(0, 8, 0)], HDR_LEN).unwrap_err(),
+            read_chain(&m, [desc(0, 8, 0)], HDR_LEN, 256).unwrap_err(),
             TxError::Header(HdrError::Short(8))
         );
         assert_eq!(
-            read_chain(&m, [desc(0, 20, 0)], HDR_LEN).unwrap_err(),
+            read_chain(&m, [desc(0, 20, 0)], HDR_LEN, 256).unwrap_err(),
             TxError::TooShort(8)
         );
         let long = (0..2).map(|_| desc(0, 0xffff, VRING_DESC_F_NEXT as u16));
-        assert_eq!(read_chain(&m, long, HDR_LEN).unwrap_err(), TxError::TooLong);
+        assert_eq!(
+            read_chain(&m, long, HDR_LEN, 256).unwrap_err(),
+            TxError::TooLong
+        );
+    }
+
+    #[test]
+    fn rejects_truncated_and_overlong_chains() {
+        let m = mem();
+        // The walker stopped while the last descriptor still pointed on.
+        let cut = [desc(0, 64, VRING_DESC_F_NEXT as u16)];
+        assert_eq!(
+            read_chain(&m, cut, HDR_LEN, 256).unwrap_err(),
+            TxError::Broken
+        );
+        let many = (0..5).map(|_| desc(0, 16, VRING_DESC_F_NEXT as u16));
+        assert_eq!(
+            read_chain(&m, many, HDR_LEN, 4).unwrap_err(),
+            TxError::TooManyDescriptors
+        );
     }
 }
