@@ -645,7 +645,6 @@ fn recv_matching(
 }
 
 #[test]
-#[ignore = "needs the segmenter"]
 fn dev_uplink_software_gso_fits_the_mtu() {
     if !is_root() {
         eprintln!("skipped: needs root (netns, veth, AF_PACKET)");
@@ -664,6 +663,33 @@ fn dev_uplink_software_gso_fits_the_mtu() {
     let st = uplink_stats(&d);
     assert_eq!(st["gso_segmented"], 1, "uplink stats: {st}");
     assert_eq!(st["gso_passed"], 0, "uplink stats: {st}");
+}
+
+#[test]
+fn dev_uplink_with_fanout_and_qdisc_bypass() {
+    if !is_root() {
+        eprintln!("skipped: needs root (netns, veth, AF_PACKET)");
+        return;
+    }
+    let net = Net::new("c").expect("namespace and veth");
+    let d = Daemon::start("c", &format!("dev={},queues=2,bypass=on", net.host));
+    let mut fe = frontend(&d);
+    let got = guest_to_ns(&net, &d, &mut fe, BIG, 3_000_000);
+    assert_eq!(got.len(), 1, "intact through the bypassed qdisc");
+    // Each frame from the namespace reaches the guest once, whichever socket of the
+    // fanout group reads it.
+    let raw = net.within(|| Raw::open(&net.peer));
+    for i in 0..20u8 {
+        let udp = udp4_frame(GUEST_MAC, PEER_MAC, PEER_IP, GUEST_IP, &[i; 100]);
+        raw.send(&VirtioNetHdr::default(), &udp);
+    }
+    let mut seen = vec![0; 20];
+    while let Some((_, f)) = fe.recv(Duration::from_millis(500)) {
+        if f.len() == 14 + 28 + 100 && f[12..14] == [0x08, 0x00] && f[23] == 17 {
+            seen[f[42] as usize] += 1;
+        }
+    }
+    assert_eq!(seen, vec![1; 20], "frames per payload byte");
 }
 
 #[test]
@@ -686,4 +712,24 @@ fn dev_uplink_errors_are_clear() {
         err.contains("no interface gsonet-none9"),
         "unexpected error: {err}"
     );
+    // Without root: says so. (`setpriv` drops to nobody when we are root.)
+    if is_root() && Command::new("setpriv").arg("--help").output().is_ok() {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_gsonet"))
+            .args([
+                "serve",
+                "--port",
+                &format!("socket={}", temp_socket_path("pkt-nr").display()),
+                "--uplink",
+                "dev=lo",
+                "--control",
+            ])
+            .arg(temp_socket_path("pkt-nr-ctl"))
+            .output()
+            .expect("run gsonet as nobody");
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("needs root"), "unexpected error: {err}");
+    }
 }

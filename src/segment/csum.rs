@@ -98,8 +98,8 @@ pub fn sum_be(data: &[u8]) -> u16 {
     let mut acc = [0u64; 4];
     let mut chunks = data.chunks_exact(64);
     for c in &mut chunks {
-        for j in 0..4 {
-            acc[j] += word32(c, j * 4)
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a += word32(c, j * 4)
                 + word32(c, 16 + j * 4)
                 + word32(c, 32 + j * 4)
                 + word32(c, 48 + j * 4);

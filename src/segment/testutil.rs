@@ -52,7 +52,7 @@ pub fn tcp_timestamps() -> Vec<u8> {
 }
 
 fn pad4(mut v: Vec<u8>) -> Vec<u8> {
-    while v.len() % 4 != 0 {
+    while !v.len().is_multiple_of(4) {
         v.push(0);
     }
     v
@@ -180,6 +180,7 @@ pub fn split<'a>(f: &'a [u8], points: &[usize]) -> Vec<&'a [u8]> {
 }
 
 /// Runs the segmenter and collects its output.
+#[allow(clippy::type_complexity)]
 pub fn run(
     hdr: &VirtioNetHdr,
     frame: &[&[u8]],
