@@ -120,6 +120,16 @@ fn if_flags(name: &str) -> io::Result<libc::c_short> {
 impl PacketSocket {
     /// Opens `queues` sockets on the existing interface `name`.
     pub fn open(name: &str, queues: usize, bypass: bool) -> Result<PacketSocket, PacketError> {
+        Self::open_with(name, queues, bypass, false)
+    }
+
+    /// `legacy`: use the 10-byte header even where the kernel offers 12 (for tests).
+    fn open_with(
+        name: &str,
+        queues: usize,
+        bypass: bool,
+        legacy: bool,
+    ) -> Result<PacketSocket, PacketError> {
         if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains('\0') {
             return Err(PacketError::BadName(name.to_string()));
         }
@@ -139,7 +149,7 @@ impl PacketSocket {
         // A fanout group id unique to this process and interface.
         let group = (std::process::id() ^ (ifindex as u32).rotate_left(8)) & 0xffff;
         for _ in 0..queues {
-            let fd = s.open_one(bypass, (queues > 1).then_some(group))?;
+            let fd = s.open_one(bypass, (queues > 1).then_some(group), legacy)?;
             s.socks.push(fd);
         }
         match if_flags(name) {
@@ -166,7 +176,12 @@ impl PacketSocket {
         }
     }
 
-    fn open_one(&mut self, bypass: bool, fanout: Option<u32>) -> Result<OwnedFd, PacketError> {
+    fn open_one(
+        &mut self,
+        bypass: bool,
+        fanout: Option<u32>,
+        legacy: bool,
+    ) -> Result<OwnedFd, PacketError> {
         // Protocol 0: nothing is queued to the socket before it is bound below.
         // SAFETY: plain socket() call; OwnedFd closes it.
         let raw = unsafe {
@@ -185,7 +200,12 @@ impl PacketSocket {
 
         // The 12-byte header where the kernel can (6.2+), else the legacy 10 bytes.
         let want = HDR_LEN as libc::c_int;
-        match setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR_SZ, &want) {
+        let sz = if legacy {
+            Err(io::Error::from_raw_os_error(libc::ENOPROTOOPT))
+        } else {
+            setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR_SZ, &want)
+        };
+        match sz {
             Ok(()) => self.hdr_len = HDR_LEN,
             Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {
                 setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR, &(1 as libc::c_int))
@@ -353,5 +373,57 @@ mod tests {
         assert_eq!(s.queues(), 2);
         assert!(s.hdr_len() == HDR_LEN || s.hdr_len() == LEGACY_HDR_LEN);
         assert_eq!(s.name(), "dev=lo");
+    }
+
+    /// A frame through lo between a 10-byte-header socket and a 12-byte one, both ways:
+    /// the frame bytes must come out where they went in.
+    #[test]
+    fn legacy_and_12_byte_headers_interoperate() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let legacy = PacketSocket::open_with("lo", 1, false, true).unwrap();
+        let modern = PacketSocket::open("lo", 1, false).unwrap();
+        assert_eq!(legacy.hdr_len(), LEGACY_HDR_LEN);
+        if modern.hdr_len() != HDR_LEN {
+            eprintln!("kernel without PACKET_VNET_HDR_SZ: only the legacy header");
+        }
+        let zero = [0u8; HDR_LEN];
+        for (tag, from, to) in [(1u8, &legacy, &modern), (2u8, &modern, &legacy)] {
+            // Local experimental ethertype 0x88b5, a marker byte and a pid to match on.
+            let mut frame = vec![0u8; 200];
+            frame[12..14].copy_from_slice(&[0x88, 0xb5]);
+            frame[14] = tag;
+            frame[15..19].copy_from_slice(&std::process::id().to_be_bytes());
+            for (i, b) in frame[19..].iter_mut().enumerate() {
+                *b = i as u8;
+            }
+            from.send(0, &[&zero[..from.hdr_len()], &frame]).unwrap();
+            let mut buf = vec![0u8; 70_000];
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            let got = loop {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "frame {tag} not received"
+                );
+                match to.recv(0, &mut buf) {
+                    Ok(Some(n)) => {
+                        let f = &buf[to.hdr_len()..n];
+                        if f.len() >= 19 && f[12..15] == frame[12..15] && f[15..19] == frame[15..19]
+                        {
+                            break f.to_vec();
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(std::time::Duration::from_millis(5))
+                    }
+                    Err(e) => panic!("recv: {e}"),
+                }
+            };
+            assert_eq!(got, frame, "frame {tag}");
+        }
     }
 }
