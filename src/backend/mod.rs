@@ -3,6 +3,7 @@
 
 pub mod control;
 pub mod deliver;
+pub mod packet;
 pub mod port;
 pub mod relay;
 pub mod stats;
@@ -29,7 +30,7 @@ use crate::config::{Config, UplinkKind};
 use crate::ring::GuestMem;
 use port::{Port, PortBackend};
 use switch::Switch;
-use uplink::{TapUplink, Uplink};
+use uplink::{PacketUplink, TapUplink, Uplink};
 
 #[derive(Debug, Error)]
 pub enum DaemonError {
@@ -39,6 +40,8 @@ pub enum DaemonError {
     Listen { path: String, err: String },
     #[error(transparent)]
     Tap(#[from] tap::TapError),
+    #[error(transparent)]
+    Packet(#[from] packet::PacketError),
     #[error("control socket {path}: {err}")]
     Control { path: String, err: io::Error },
     #[error("cannot start thread: {0}")]
@@ -163,6 +166,9 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
     for u in &cfg.uplinks {
         match &u.kind {
             UplinkKind::Tap(name) => uplinks.push(Arc::new(TapUplink::open(u, name)?)),
+            UplinkKind::Dev { name, bypass } => {
+                uplinks.push(Arc::new(PacketUplink::open(u, name, *bypass)?))
+            }
         }
     }
     // Listen on every socket before anything runs, so a bad path fails start-up.

@@ -255,17 +255,19 @@ impl PortBackend {
         };
         let neg = self.port.negotiated().unwrap_or_default();
         let port = &self.port;
-        // No chain may be longer than the queue (an indirect table could claim more).
-        let qsize = txq.get_ref().get_queue().size() as usize;
         DeliverCtx::with(|ctx| {
             loop {
                 let _ = txq.disable_notification();
                 let mut done = 0;
                 while done < TX_BATCH {
-                    let chain = txq.get_mut().get_queue_mut().pop_descriptor_chain(&*mem);
+                    let (chain, qsize) = {
+                        let mut st = txq.get_mut();
+                        let q = st.get_queue_mut();
+                        (q.pop_descriptor_chain(&*mem), q.size())
+                    };
                     let Some(chain) = chain else { break };
                     let head = chain.head_index();
-                    match tx::read_chain(&mem, chain, neg.hdr_len(), qsize) {
+                    match tx::read_chain(&mem, chain, neg.hdr_len(), qsize as usize) {
                         Ok(f) => {
                             port.stats.tx(f.len);
                             if let Err(reason) = check_tx(&neg, &f.hdr, &f.parts) {
