@@ -123,6 +123,15 @@ fn serve_port(port: Arc<Port>, switch: Arc<Switch>, listener: Option<UnixListene
             backend
                 .introduce_workers(&daemon.get_epoll_handlers())
                 .map_err(|e| e.to_string())?;
+            // Serve the guest only once the workers have handed over the RX vrings, so
+            // that frames for it never find the port without a queue.
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            while !port.rx_known() && std::time::Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(1));
+            }
+            if !port.rx_known() {
+                warn!(port = %name, "queue workers slow to start; RX may drop at first");
+            }
             let (mut inner, addr) = inner_listener(&port).map_err(|e| e.to_string())?;
             let back = UnixStream::connect_addr(&addr).map_err(|e| e.to_string())?;
             relay::spawn(front, back, name.clone()).map_err(|e| e.to_string())?;

@@ -126,6 +126,13 @@ impl Port {
         }
     }
 
+    /// Whether every RX queue's vring is known (see `PortBackend::introduce_workers`).
+    pub fn rx_known(&self) -> bool {
+        self.rx
+            .iter()
+            .all(|s| s.lock().map(|s| s.vring.is_some()).unwrap_or(false))
+    }
+
     fn remember_rx(&self, pair: usize, vring: &Vring) {
         if let Some(slot) = self.rx.get(pair) {
             if let Ok(mut s) = slot.lock() {
