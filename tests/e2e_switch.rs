@@ -77,7 +77,9 @@ fn two() -> (Daemon, TestFrontend, TestFrontend) {
     let mut a = connect(&d, 0, FEATS_A);
     let mut b = connect(&d, 1, FEATS_B);
     let ha = hello(&mut a, a_mac());
-    recv_where(&mut b, T, |f| f.frame == ha).expect("A's hello at B");
+    if recv_where(&mut b, T, |f| f.frame == ha).is_none() {
+        panic!("A's hello did not reach B\n{:#}", d.stats().unwrap());
+    }
     let hb = hello(&mut b, b_mac());
     recv_where(&mut a, T, |f| f.frame == hb).expect("B's hello at A");
     (d, a, b)

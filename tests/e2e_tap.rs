@@ -60,7 +60,11 @@ fn opts(features: u64) -> FrontendOpts {
 }
 
 fn rig(features: u64) -> Rig {
-    let d = Daemon::start(&DaemonSpec::ports(1).with_tap("gso=pass")).expect("start gsonet");
+    rig_with(features, "gso=pass")
+}
+
+fn rig_with(features: u64, uplink_opts: &str) -> Rig {
+    let d = Daemon::start(&DaemonSpec::ports(1).with_tap(uplink_opts)).expect("start gsonet");
     let host = PacketSock::bind(d.tap.as_ref().unwrap(), true).expect("AF_PACKET on the tap");
     let mut fe = TestFrontend::connect(&d.sockets[0], opts(features)).expect("frontend");
     fe.post_rx(256, 2048).expect("post rx");
@@ -415,4 +419,37 @@ fn survives_frontend_disconnect_and_accepts_a_new_one() {
     }
     let s = d.stats().unwrap();
     assert_eq!(s["ports"][0]["connected"], true, "{s:#}");
+}
+
+/// With gso=software gsonet segments before the tap: the kernel gets wire-size
+/// frames (checksums partial or complete, never GSO) that reassemble exactly.
+#[test]
+fn tso4_to_tap_with_software_gso_is_segmented() {
+    require_tun!();
+    let mut r = rig_with(FEATS, "gso=software");
+    let flow = Flow::new(guest_mac(), far_mac(), Ips::v4()).ports(40002, 5201);
+    let len = 45 * MSS4 as usize + 1;
+    let data = frames::payload(len, 8);
+    let (hdr, frame) = frames::tcp(&flow, 9, &data, Some(MSS4));
+    r.fe.send(&hdr, &frame, TxLayout::HeaderThenChunks(4096))
+        .unwrap();
+    r.fe.wait_tx_done(T).unwrap();
+    let seen = tap_tcp(&r.host, &flow, len);
+    assert_eq!(
+        seen.len(),
+        len.div_ceil(MSS4 as usize),
+        "segments on the tap"
+    );
+    for s in &seen {
+        assert!(
+            !is_gso(&s.vnet),
+            "GSO frame with gso=software: {:?}",
+            s.vnet
+        );
+        assert!(s.frame.len() <= 1514, "{}-byte frame", s.frame.len());
+    }
+    check_tcp_on_tap(&seen, 9, &data, false);
+    let s = r.d.stats().unwrap();
+    assert_eq!(uplink_counter(&s, 0, "gso_segmented"), 1, "{s:#}");
+    assert_eq!(uplink_counter(&s, 0, "gso_passed"), 0, "{s:#}");
 }
