@@ -4,18 +4,22 @@
 use super::csum::{self, Checksum};
 use super::parse::{Headers, L3};
 
+#[inline]
 pub(crate) fn be16(b: &[u8], i: usize) -> u16 {
     u16::from_be_bytes([b[i], b[i + 1]])
 }
 
+#[inline]
 pub(crate) fn be32(b: &[u8], i: usize) -> u32 {
     u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
+#[inline]
 pub(crate) fn put16(b: &mut [u8], i: usize, v: u16) {
     b[i..i + 2].copy_from_slice(&v.to_be_bytes());
 }
 
+#[inline]
 pub(crate) fn put32(b: &mut [u8], i: usize, v: u32) {
     b[i..i + 4].copy_from_slice(&v.to_be_bytes());
 }
@@ -27,6 +31,7 @@ pub(crate) const IPV4_MF: u16 = 0x2000;
 /// header + everything after it) is `l3_total` bytes. IPv4 also gets `id`, an optional
 /// new fragment field, and a fresh header checksum. The caller guarantees
 /// `l3_total <= 0xffff` (IPv4) / `l3_total - 40 <= 0xffff` (IPv6).
+#[inline]
 pub(crate) fn set_l3(hdr: &mut [u8], h: &Headers, l3_total: usize, id: u16, frag: Option<u16>) {
     let o = h.l3_off;
     match h.l3 {
@@ -46,6 +51,7 @@ pub(crate) fn set_l3(hdr: &mut [u8], h: &Headers, l3_total: usize, id: u16, frag
 
 /// The pseudo-header sum for an L4 header of protocol `proto` and length `l4_len`,
 /// addresses taken from the (copied) IP header.
+#[inline]
 pub(crate) fn pseudo(hdr: &[u8], h: &Headers, proto: u8, l4_len: usize) -> Checksum {
     let o = h.l3_off;
     match h.l3 {

@@ -306,6 +306,7 @@ impl<'f> Cursor<'f> {
     }
 
     /// Appends the next `n` bytes as sub-slices to `out`, adding them to `sum` if given.
+    #[inline]
     pub fn take<'x>(
         &mut self,
         n: usize,
@@ -329,6 +330,7 @@ impl<'f> Cursor<'f> {
         self.walk(n, |s| c.add_bytes(s))
     }
 
+    #[inline]
     fn walk(&mut self, mut n: usize, mut f: impl FnMut(&'f [u8])) -> bool {
         while n > 0 {
             let Some(s) = self.frame.get(self.idx) else {
@@ -351,6 +353,7 @@ impl<'f> Cursor<'f> {
 
 /// Reuses the allocation of a slice list across calls whose slices live for different
 /// lifetimes (the list is always empty in between).
+#[inline]
 fn recycle<'a, 'b>(mut v: Vec<&'a [u8]>) -> Vec<&'b [u8]> {
     v.clear();
     v.into_iter().map(|_| -> &'b [u8] { &[] }).collect()
@@ -366,16 +369,19 @@ pub(crate) struct Bufs<'s> {
 }
 
 /// An empty slice list on the recycled allocation.
+#[inline]
 pub(crate) fn take_parts<'x>(spare: &mut Vec<&'static [u8]>) -> Vec<&'x [u8]> {
     recycle(std::mem::take(spare))
 }
 
 /// Returns a slice list's allocation for the next segment.
+#[inline]
 pub(crate) fn give_back(spare: &mut Vec<&'static [u8]>, parts: Vec<&[u8]>) {
     *spare = recycle(parts);
 }
 
 /// Emits one segment, counts it; false means stop.
+#[inline]
 pub(crate) fn send<F>(
     emit: &mut F,
     vnet: VirtioNetHdr,
@@ -395,6 +401,7 @@ where
 }
 
 /// The vnet header of a segment whose L4 checksum is left partial.
+#[inline]
 pub(crate) fn partial_vnet(csum_start: usize, csum_offset: u16) -> VirtioNetHdr {
     VirtioNetHdr {
         flags: F_NEEDS_CSUM,

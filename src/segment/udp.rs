@@ -179,7 +179,7 @@ where
                     ipv4_strip_uncopied_options(&mut b.hdr[h.l3_off + 20..unfrag]);
                 }
                 let frag = (off / 8) as u16 | if more { IPV4_MF } else { 0 };
-                set_l3(&mut b.hdr, h, unfrag - h.l3_off + len, id4, Some(frag));
+                set_l3(b.hdr, h, unfrag - h.l3_off + len, id4, Some(frag));
             }
             L3::Ipv6 => {
                 let next = b.tmpl[h.ip6_nexthdr_off];
@@ -188,7 +188,7 @@ where
                 b.hdr.extend_from_slice(&[next, 0]);
                 b.hdr.extend_from_slice(&field.to_be_bytes());
                 b.hdr.extend_from_slice(&id6.to_be_bytes());
-                set_l3(&mut b.hdr, h, unfrag + 8 - h.l3_off + len, 0, None);
+                set_l3(b.hdr, h, unfrag + 8 - h.l3_off + len, 0, None);
             }
         }
         // The first fragment starts with the rest of the headers.
