@@ -101,12 +101,42 @@ pub fn sum_be(data: &[u8]) -> u16 {
 /// Unfolded sum of native-endian 32-bit words, picking the widest vector unit.
 #[inline]
 fn sum_ne(data: &[u8]) -> u64 {
+    if data.len() < 64 {
+        return sum_small(data);
+    }
     #[cfg(target_arch = "x86_64")]
     if data.len() >= 128 && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2, checked just above.
         return unsafe { sum_ne_avx2(data) };
     }
     sum_ne_portable(data)
+}
+
+/// Short slices (headers, tails): 8 bytes at a time, then 4, 2, 1. Native-endian
+/// 16- and 32-bit words mix freely (2^16 = 1 in one's-complement arithmetic); a last
+/// odd byte is padded with a zero after it.
+#[inline(always)]
+fn sum_small(data: &[u8]) -> u64 {
+    let mut s = 0u64;
+    let mut c = data.chunks_exact(8);
+    for w in &mut c {
+        let v = u64::from_ne_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        s += (v & 0xffff_ffff) + (v >> 32);
+    }
+    let r = c.remainder();
+    let mut i = 0;
+    if r.len() >= 4 {
+        s += word32(r, 0);
+        i = 4;
+    }
+    if r.len() >= i + 2 {
+        s += u64::from(u16::from_ne_bytes([r[i], r[i + 1]]));
+        i += 2;
+    }
+    if r.len() > i {
+        s += u64::from(u16::from_ne_bytes([r[i], 0]));
+    }
+    s
 }
 
 /// The same loop compiled for AVX2 (256-bit lanes).
@@ -130,16 +160,7 @@ fn sum_ne_portable(data: &[u8]) -> u64 {
                 + word32(c, 48 + j * 4);
         }
     }
-    let mut s = acc[0] + acc[1] + acc[2] + acc[3];
-    let rest = chunks.remainder();
-    let mut words = rest.chunks_exact(4);
-    for w in &mut words {
-        s += word32(w, 0);
-    }
-    let tail = words.remainder();
-    let mut t = [0u8; 4];
-    t[..tail.len()].copy_from_slice(tail);
-    s + word32(&t, 0)
+    sum_small(chunks.remainder()) + acc[0] + acc[1] + acc[2] + acc[3]
 }
 
 /// The Internet checksum of one contiguous buffer.
