@@ -498,6 +498,33 @@ impl Segmenter {
     }
 }
 
+/// The value to store at `csum_start + csum_offset` to complete a partial checksum
+/// (NEEDS_CSUM): the one's-complement sum from `csum_start` to the end of the frame,
+/// the field's current content (the pseudo-header sum) included, inverted; a result
+/// of 0 becomes 0xffff when the field is a UDP checksum (`csum_offset` 6).
+pub fn complete_csum(
+    frame: &[&[u8]],
+    csum_start: u16,
+    csum_offset: u16,
+) -> Result<u16, SegmentError> {
+    let frame_len = parse::frame_len(frame);
+    let (start, offset) = (usize::from(csum_start), usize::from(csum_offset));
+    if start + offset + 2 > frame_len {
+        return Err(SegmentError::CsumOutOfFrame {
+            start,
+            offset,
+            frame_len,
+        });
+    }
+    let mut cur = Cursor::new(frame);
+    let mut c = Checksum::new();
+    if !cur.skip(start) || !cur.sum(frame_len - start, &mut c) {
+        return Err(truncated(frame_len, frame_len));
+    }
+    let v = c.finish();
+    Ok(if v == 0 && offset == 6 { 0xffff } else { v })
+}
+
 /// Non-GSO frames: complete a pending checksum (Full) or pass the frame unchanged.
 fn plain<F>(
     b: &mut Bufs<'_>,
