@@ -17,6 +17,15 @@
 //! datagrams carry NEEDS_CSUM with csum_start = L4 offset, csum_offset 16 / 6, and the
 //! pseudo-header sum in the checksum field; UFO fragments always carry a complete
 //! checksum (it spans fragments) and flags 0.
+//!
+//! Non-GSO frames: with NEEDS_CSUM in Full mode one frame comes out with the checksum
+//! completed (the bytes up to the checksum field copied into `parts[0]`); otherwise
+//! the frame passes unchanged with its own header (`parts[0]` empty). A GSO frame
+//! whose payload fits in gso_size (and the cap) comes out as one complete frame.
+//!
+//! The segmenter checks structure (headers, lengths, type/protocol match) and never
+//! panics on bad input; policy limits on guest headers (USO's 128 segments,
+//! csum_offset values, gso_size 0xffff) live in [`crate::vnet_hdr::validate`].
 
 pub mod csum;
 pub mod fuzz;
@@ -109,6 +118,8 @@ pub enum SegmentError {
     Parse(#[from] ParseError),
     #[error("gso_size is 0")]
     GsoSizeZero,
+    #[error("no segmentation asked for (gso_type NONE)")]
+    NotGso,
     #[error("gso type {gso:?} on an {found:?} frame")]
     L3Mismatch { gso: GsoKind, found: L3 },
     #[error("gso type {gso:?} on L4 protocol {proto}")]
@@ -222,7 +233,7 @@ pub(crate) fn plan(
     };
 
     match kind {
-        GsoKind::None => unreachable_plan(),
+        GsoKind::None => Err(SegmentError::NotGso),
         GsoKind::TcpV4 | GsoKind::TcpV6 | GsoKind::UdpL4 => per_segment(h.hdr_len() - h.l3_off),
         GsoKind::Udp => {
             let udp_len = h.frame_len - h.l4_off;
@@ -276,12 +287,6 @@ pub(crate) fn plan(
             })
         }
     }
-}
-
-#[cold]
-fn unreachable_plan() -> Result<Plan, SegmentError> {
-    // `plan` is only asked about GSO kinds; answer sensibly anyway.
-    Err(SegmentError::GsoSizeZero)
 }
 
 /// Walks a scatter list forward, handing out sub-slices.
