@@ -28,6 +28,7 @@
 //! csum_offset values, gso_size 0xffff) live in [`crate::vnet_hdr::validate`].
 
 pub mod csum;
+#[doc(hidden)]
 pub mod fuzz;
 mod ip;
 pub mod parse;
