@@ -1,0 +1,112 @@
+//! TCP segmentation (TSO in software), IPv4 and IPv6: one loop, the per-segment header
+//! edits in one place (after Linux `tcp_gso_segment`).
+
+use super::csum::Checksum;
+use super::ip::{be16, be32, ipv4_base, pseudo, put16, put32, set_l3_fast};
+use super::parse::{Headers, IPPROTO_TCP, L3};
+use super::{
+    give_back, partial_vnet, send, take_parts, truncated, Bufs, CsumMode, Cursor, Plan, Segment,
+    SegmentError, SegmentSummary,
+};
+use crate::vnet_hdr::VirtioNetHdr;
+
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_PSH: u8 = 0x08;
+pub const TCP_CWR: u8 = 0x80;
+/// Offset of the checksum in the TCP header.
+pub const TCP_CSUM_OFFSET: u16 = 16;
+
+/// Segment i: seq0 + i*mss; FIN and PSH only on the last segment, CWR only on the
+/// first; IPv4 ID id0 + i; options and IPv6 extension headers copied unchanged.
+pub(crate) fn segment<F>(
+    b: &mut Bufs<'_>,
+    h: &Headers,
+    p: &Plan,
+    frame: &[&[u8]],
+    mode: CsumMode,
+    emit: &mut F,
+    out: &mut SegmentSummary,
+) -> Result<(), SegmentError>
+where
+    F: FnMut(&Segment<'_>) -> bool,
+{
+    let hl = h.hdr_len();
+    let l4 = h.l4_off;
+    let payload = h.payload_len();
+    let mut cur = Cursor::new(frame);
+    if !cur.skip(hl) {
+        return Err(truncated(hl, h.frame_len));
+    }
+    let seq0 = be32(b.tmpl, l4 + 4);
+    let flags0 = b.tmpl[l4 + 13];
+    let id0 = match h.l3 {
+        L3::Ipv4 => be16(b.tmpl, h.l3_off + 4),
+        L3::Ipv6 => 0,
+    };
+    let full = mode == CsumMode::Full;
+    let ip_base = ipv4_base(b.tmpl, h);
+    let addrs = pseudo(b.tmpl, h, IPPROTO_TCP, 0);
+    // The TCP header sum without sequence number, flags and checksum (see ipv4_base).
+    let mut tcp_base = Checksum::new();
+    tcp_base.add_bytes(&b.tmpl[l4..l4 + 4]);
+    tcp_base.add_bytes(&b.tmpl[l4 + 8..l4 + 12]);
+    tcp_base.add_u16(u16::from(b.tmpl[l4 + 12]) << 8);
+    tcp_base.add_bytes(&b.tmpl[l4 + 14..l4 + 16]);
+    tcp_base.add_bytes(&b.tmpl[l4 + 18..hl]);
+
+    for i in 0..p.segments {
+        let start = i * p.mss;
+        let len = p.mss.min(payload - start);
+        let mut parts = take_parts(b.spare);
+        parts.push(&[]);
+        let mut data = Checksum::new();
+        if !cur.take(len, &mut parts, full.then_some(&mut data)) {
+            give_back(b.spare, parts);
+            return Err(truncated(hl + start + len, h.frame_len));
+        }
+
+        b.hdr.clear();
+        b.hdr.extend_from_slice(&b.tmpl[..hl]);
+        let hdr = &mut b.hdr[..];
+        set_l3_fast(
+            hdr,
+            h,
+            &ip_base,
+            hl - h.l3_off + len,
+            id0.wrapping_add(i as u16),
+        );
+        put32(hdr, l4 + 4, seq0.wrapping_add(start as u32));
+        let mut flags = flags0;
+        if i + 1 < p.segments {
+            flags &= !(TCP_FIN | TCP_PSH);
+        }
+        if i > 0 {
+            flags &= !TCP_CWR;
+        }
+        hdr[l4 + 13] = flags;
+        put16(hdr, l4 + 16, 0);
+        // Pseudo-header: addresses and protocol summed once, the length per segment.
+        let mut c = addrs;
+        c.add_u32((h.l4_len + len) as u32);
+        let vnet = if full {
+            let seq = seq0.wrapping_add(start as u32);
+            c.combine(&tcp_base);
+            c.add_u32(seq);
+            c.add_u16(u16::from(flags));
+            c.combine(&data);
+            put16(hdr, l4 + 16, c.finish());
+            VirtioNetHdr::default()
+        } else {
+            put16(hdr, l4 + 16, c.fold());
+            partial_vnet(l4, TCP_CSUM_OFFSET)
+        };
+
+        parts[0] = &b.hdr[..];
+        let go = send(emit, vnet, &parts, out);
+        give_back(b.spare, parts);
+        if !go {
+            break;
+        }
+    }
+    Ok(())
+}

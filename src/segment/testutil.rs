@@ -1,0 +1,499 @@
+//! Test support: a frame builder and an oracle that checks segmenter output with
+//! `etherparse` (an independent parser and checksum), never with our own parser.
+
+use etherparse::checksum::Sum16BitWords;
+use etherparse::{NetHeaders, PacketHeaders, TransportHeader};
+
+use super::{CsumMode, Segment, SegmentOpts, SegmentSummary, Segmenter};
+use crate::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr, F_NEEDS_CSUM};
+
+#[derive(Clone, Debug)]
+pub struct FrameSpec {
+    /// TPIDs of the VLAN tags, outer first.
+    pub vlans: Vec<u16>,
+    pub v6: bool,
+    /// IPv4 options (padded with EOL to a multiple of 4).
+    pub ip4_opts: Vec<u8>,
+    /// IPv6 extension header types in order (0, 43, 60), each `8 * (1 + n)` bytes.
+    pub ip6_exts: Vec<(u8, u8)>,
+    pub tcp: bool,
+    /// TCP options (padded with EOL to a multiple of 4).
+    pub tcp_opts: Vec<u8>,
+    pub tcp_flags: u8,
+    pub ip_id: u16,
+    pub seq: u32,
+    pub payload: Vec<u8>,
+}
+
+impl Default for FrameSpec {
+    fn default() -> Self {
+        FrameSpec {
+            vlans: vec![],
+            v6: false,
+            ip4_opts: vec![],
+            ip6_exts: vec![],
+            tcp: true,
+            tcp_opts: vec![],
+            tcp_flags: 0x10,
+            ip_id: 0x1234,
+            seq: 1000,
+            payload: vec![],
+        }
+    }
+}
+
+pub fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 + (i >> 8) * 13 + 1) as u8).collect()
+}
+
+/// TCP timestamps option (NOP NOP TS) as Linux sends it.
+pub fn tcp_timestamps() -> Vec<u8> {
+    vec![1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2]
+}
+
+fn pad4(mut v: Vec<u8>) -> Vec<u8> {
+    while !v.len().is_multiple_of(4) {
+        v.push(0);
+    }
+    v
+}
+
+fn sum_fold_be(words: Sum16BitWords) -> u16 {
+    !words.ones_complement().to_be()
+}
+
+/// The pseudo-header sum (folded, not inverted), as a guest leaves it in a partial
+/// checksum field. Computed with etherparse.
+fn pseudo(src: &[u8], dst: &[u8], proto: u8, len: usize) -> u16 {
+    let mut s = Sum16BitWords::new().add_slice(src).add_slice(dst);
+    s = if src.len() == 4 {
+        s.add_2bytes([0, proto])
+            .add_2bytes((len as u16).to_be_bytes())
+    } else {
+        s.add_4bytes((len as u32).to_be_bytes())
+            .add_4bytes([0, 0, 0, proto])
+    };
+    sum_fold_be(s)
+}
+
+/// Builds a frame as a guest would hand it over: lengths set, IPv4 header checksum
+/// valid, L4 checksum field holding the pseudo-header sum (CHECKSUM_PARTIAL).
+/// Returns the frame and its L4 offset.
+pub fn build(s: &FrameSpec) -> (Vec<u8>, usize) {
+    let mut f = vec![0x02, 0, 0, 0, 0, 0xbb, 0x02, 0, 0, 0, 0, 0xaa];
+    for (i, tpid) in s.vlans.iter().enumerate() {
+        f.extend_from_slice(&tpid.to_be_bytes());
+        f.extend_from_slice(&[0x20 | i as u8, 0x05]);
+    }
+    f.extend_from_slice(if s.v6 { &[0x86, 0xdd] } else { &[0x08, 0x00] });
+    let proto = if s.tcp { 6 } else { 17 };
+    let l3_off = f.len();
+    let mut l4 = Vec::new();
+    if s.tcp {
+        let opts = pad4(s.tcp_opts.clone());
+        let doff = (20 + opts.len()) / 4;
+        l4.extend_from_slice(&[0x30, 0x39, 0x01, 0xbb]);
+        l4.extend_from_slice(&s.seq.to_be_bytes());
+        l4.extend_from_slice(&0xabcd_0123u32.to_be_bytes());
+        l4.extend_from_slice(&[(doff as u8) << 4, s.tcp_flags, 0x72, 0x10, 0, 0, 0, 0]);
+        l4.extend(opts);
+    } else {
+        l4.extend_from_slice(&[0x30, 0x39, 0x11, 0x5c, 0, 0, 0, 0]);
+        let ul = (8 + s.payload.len()) as u16;
+        l4[4..6].copy_from_slice(&ul.to_be_bytes());
+    }
+    let l4_len = l4.len() + s.payload.len();
+    let (src, dst): (Vec<u8>, Vec<u8>);
+    if s.v6 {
+        src = (0..16).map(|i| 0x20 + i).collect();
+        dst = (0..16).map(|i| 0xfd - i).collect();
+        let mut exts = Vec::new();
+        let mut types: Vec<u8> = s.ip6_exts.iter().map(|e| e.0).collect();
+        types.push(proto);
+        for (i, (_, n)) in s.ip6_exts.iter().enumerate() {
+            let mut e = vec![0u8; 8 * (1 + usize::from(*n))];
+            e[0] = types[i + 1];
+            e[1] = *n;
+            if e.len() > 2 {
+                e[2] = 1; // PadN covering the rest
+                e[3] = (e.len() - 4) as u8;
+            }
+            exts.extend(e);
+        }
+        let plen = (exts.len() + l4_len) as u16;
+        f.extend_from_slice(&[0x60, 0x01, 0x23, 0x45]);
+        f.extend_from_slice(&plen.to_be_bytes());
+        f.extend_from_slice(&[types[0], 63]);
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&dst);
+        f.extend(exts);
+    } else {
+        src = vec![192, 0, 2, 1];
+        dst = vec![198, 51, 100, 7];
+        let opts = pad4(s.ip4_opts.clone());
+        let ihl = (20 + opts.len()) / 4;
+        let tot = (ihl * 4 + l4_len) as u16;
+        f.extend_from_slice(&[0x40 | ihl as u8, 0x28]);
+        f.extend_from_slice(&tot.to_be_bytes());
+        f.extend_from_slice(&s.ip_id.to_be_bytes());
+        f.extend_from_slice(&[0x40, 0, 61, proto, 0, 0]);
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&dst);
+        f.extend(opts);
+        let c = !sum_fold_be(Sum16BitWords::new().add_slice(&f[l3_off..]));
+        f[l3_off + 10..l3_off + 12].copy_from_slice(&c.to_be_bytes());
+    }
+    let l4_off = f.len();
+    let ps = pseudo(&src, &dst, proto, l4_len);
+    let co = if s.tcp { 16 } else { 6 };
+    l4[co..co + 2].copy_from_slice(&ps.to_be_bytes());
+    f.extend(l4);
+    f.extend_from_slice(&s.payload);
+    (f, l4_off)
+}
+
+/// The header a guest sends with a GSO frame (NEEDS_CSUM, csum at the L4 header).
+pub fn gso_hdr(kind: GsoKind, gso_size: u16, l4_off: usize, tcp: bool) -> VirtioNetHdr {
+    VirtioNetHdr {
+        flags: F_NEEDS_CSUM,
+        gso: GsoType::new(kind),
+        hdr_len: 0,
+        gso_size,
+        csum_start: l4_off as u16,
+        csum_offset: if tcp { 16 } else { 6 },
+        num_buffers: 1,
+    }
+}
+
+/// Splits `f` at the given points (sorted, clamped), keeping empty pieces.
+pub fn split<'a>(f: &'a [u8], points: &[usize]) -> Vec<&'a [u8]> {
+    let mut pts: Vec<usize> = points.iter().map(|p| (*p).min(f.len())).collect();
+    pts.sort_unstable();
+    let mut out = Vec::new();
+    let mut at = 0;
+    for p in pts {
+        out.push(&f[at..p]);
+        at = p;
+    }
+    out.push(&f[at..]);
+    out
+}
+
+/// One emitted segment, copied out.
+pub type Out = (VirtioNetHdr, Vec<u8>);
+
+/// Runs the segmenter and collects its output.
+#[allow(clippy::type_complexity)]
+pub fn run(
+    hdr: &VirtioNetHdr,
+    frame: &[&[u8]],
+    opts: &SegmentOpts,
+) -> Result<(SegmentSummary, Vec<Out>), super::SegmentError> {
+    let mut segs = Vec::new();
+    let sum = Segmenter::new().segment(hdr, frame, opts, |s: &Segment<'_>| {
+        segs.push((s.vnet, s.to_vec()));
+        true
+    })?;
+    Ok((sum, segs))
+}
+
+/// End of the IPv6 unfragmentable part of a frame built from `spec`.
+pub fn ip6_unfrag_end(spec: &FrameSpec) -> usize {
+    let mut at = 14 + 4 * spec.vlans.len() + 40;
+    let mut end = at;
+    for (t, n) in &spec.ip6_exts {
+        at += 8 * (1 + usize::from(*n));
+        if *t != 60 {
+            end = at;
+        }
+    }
+    end
+}
+
+/// What the oracle learnt from the output.
+#[derive(Debug, Default)]
+pub struct Checked {
+    pub payloads: Vec<usize>,
+}
+
+struct Parsed {
+    l3: NetHeaders,
+    l4: Option<TransportHeader>,
+    /// L4 payload (or, for a fragment, the IP payload).
+    payload: Vec<u8>,
+    l4_off: usize,
+    l3_len: usize,
+}
+
+/// A later IPv6 fragment whose Fragment header names an extension header (that sits
+/// in the first fragment only): etherparse's strict parser reads the fragment data as
+/// that header, so only the headers up to the Fragment header are taken, laxly.
+fn parse_later_fragment(seg: &[u8]) -> Parsed {
+    let p =
+        etherparse::LaxPacketHeaders::from_ethernet(seg).expect("etherparse rejects a fragment");
+    let net = p.net.clone().expect("no IP header");
+    let l2 = 14 + 4 * p.link_exts.len();
+    match &net {
+        NetHeaders::Ipv6(_, e) => assert!(e.fragment.is_some(), "not a fragment"),
+        _ => panic!("not IPv6"),
+    }
+    Parsed {
+        l3: net,
+        l4: None,
+        payload: vec![],
+        l4_off: 0,
+        l3_len: seg.len() - l2,
+    }
+}
+
+fn parse(seg: &[u8]) -> Parsed {
+    let p = PacketHeaders::from_ethernet_slice(seg).expect("etherparse rejects a segment");
+    let net = p.net.clone().expect("no IP header");
+    let payload = match &p.payload {
+        etherparse::PayloadSlice::Tcp(b) | etherparse::PayloadSlice::Udp(b) => b.to_vec(),
+        etherparse::PayloadSlice::Ip(ip) => ip.payload.to_vec(),
+        other => panic!("unexpected payload {other:?}"),
+    };
+    let l2 = 14 + 4 * p.link_exts.len();
+    let (ip_hdr, ext) = match &net {
+        NetHeaders::Ipv4(h, e) => (h.header_len(), e.header_len()),
+        NetHeaders::Ipv6(_, e) => (40, e.header_len()),
+        NetHeaders::Arp(_) => panic!("arp"),
+    };
+    Parsed {
+        l3: net,
+        l4: p.transport,
+        payload,
+        l4_off: l2 + ip_hdr + ext,
+        l3_len: seg.len() - l2,
+    }
+}
+
+fn addrs(n: &NetHeaders) -> (Vec<u8>, Vec<u8>) {
+    match n {
+        NetHeaders::Ipv4(h, _) => (h.source.to_vec(), h.destination.to_vec()),
+        NetHeaders::Ipv6(h, _) => (h.source.to_vec(), h.destination.to_vec()),
+        NetHeaders::Arp(_) => panic!("arp"),
+    }
+}
+
+/// Checks every output segment of a GSO frame built from `spec` against the input:
+/// parses, checksums, sizes, copied fields, and payload reassembly.
+pub fn check(
+    spec: &FrameSpec,
+    hdr: &VirtioNetHdr,
+    opts: &SegmentOpts,
+    sum: &SegmentSummary,
+    segs: &[(VirtioNetHdr, Vec<u8>)],
+) -> Checked {
+    let (input, l4_off) = build(spec);
+    let l3_off = 14 + 4 * spec.vlans.len();
+    let gso = usize::from(hdr.gso_size);
+    let cap = opts.max_frame.unwrap_or(usize::MAX);
+    assert_eq!(sum.segments, segs.len());
+    assert_eq!(sum.bytes, segs.iter().map(|s| s.1.len()).sum::<usize>());
+    let mut out = Checked { payloads: vec![] };
+    let n = segs.len();
+    let ufo = hdr.gso.kind == GsoKind::Udp;
+    let mut reasm = vec![None::<u8>; if ufo { 70000 } else { 0 }];
+    let mut ufo_id = None;
+    let mut next_off = 0usize;
+    for (i, (vnet, seg)) in segs.iter().enumerate() {
+        assert_eq!(vnet.gso, GsoType::NONE);
+        let p = if ufo && i > 0 && spec.v6 && spec.ip6_exts.iter().any(|e| e.0 == 60) {
+            parse_later_fragment(seg)
+        } else {
+            parse(seg)
+        };
+        // Every segment within the cap (L3 size).
+        assert!(p.l3_len <= cap, "segment L3 {} > cap {cap}", p.l3_len);
+        // L2 and the unfragmentable headers copied.
+        assert_eq!(seg[..l3_off], input[..l3_off]);
+        match &p.l3 {
+            NetHeaders::Ipv4(h, _) => {
+                assert_eq!(
+                    h.calc_header_checksum(),
+                    h.header_checksum,
+                    "IPv4 header checksum"
+                );
+                assert_eq!(usize::from(h.total_len), p.l3_len);
+                assert_eq!(h.time_to_live, 61);
+                if ufo && n > 1 {
+                    let id = *ufo_id.get_or_insert(h.identification);
+                    assert_eq!(h.identification, id);
+                    assert_eq!(h.identification, spec.ip_id);
+                    assert_eq!(h.more_fragments, i + 1 < n);
+                } else {
+                    assert_eq!(
+                        h.identification,
+                        spec.ip_id.wrapping_add(i as u16),
+                        "IPv4 ID"
+                    );
+                    assert!(!h.more_fragments);
+                    assert_eq!(h.fragment_offset.value(), 0);
+                }
+                if i == 0 || !ufo {
+                    assert_eq!(
+                        h.options.as_slice(),
+                        &input[l3_off + 20..l3_off + usize::from(h.ihl()) * 4]
+                    );
+                }
+            }
+            NetHeaders::Ipv6(h, e) => {
+                assert_eq!(usize::from(h.payload_length) + 40, p.l3_len);
+                assert_eq!(h.hop_limit, 63);
+                assert_eq!(h.flow_label.value(), 0x12345);
+                if ufo && n > 1 {
+                    let f = e.fragment.clone().expect("no fragment header");
+                    let id = *ufo_id.get_or_insert(f.identification as u16);
+                    assert_eq!(f.identification as u16, id);
+                    assert_eq!(f.more_fragments, i + 1 < n);
+                } else {
+                    assert!(e.fragment.is_none());
+                    // Extension headers copied byte for byte.
+                    assert_eq!(seg[l3_off + 40..p.l4_off], input[l3_off + 40..l4_off]);
+                }
+            }
+            NetHeaders::Arp(_) => panic!("arp"),
+        }
+        if ufo && n > 1 {
+            // A fragment: place the bytes after the fragmentation headers by offset.
+            let (off, more, data) = match &p.l3 {
+                NetHeaders::Ipv4(h, _) => (
+                    usize::from(h.fragment_offset.value()) * 8,
+                    h.more_fragments,
+                    &seg[l3_off + usize::from(h.ihl()) * 4..],
+                ),
+                NetHeaders::Ipv6(_, e) => {
+                    let f = e.fragment.clone().expect("no fragment header");
+                    (
+                        usize::from(f.fragment_offset.value()) * 8,
+                        f.more_fragments,
+                        &seg[ip6_unfrag_end(spec) + 8..],
+                    )
+                }
+                _ => unreachable!(),
+            };
+            assert!(data.len() <= gso);
+            if more {
+                assert_eq!(data.len() % 8, 0);
+            }
+            assert_eq!(vnet.flags, 0);
+            for (k, b) in data.iter().enumerate() {
+                assert!(reasm[off + k].is_none(), "fragments overlap");
+                reasm[off + k] = Some(*b);
+            }
+            out.payloads.push(data.len());
+            continue;
+        }
+        let (src, dst) = addrs(&p.l3);
+        let partial = opts.csum == CsumMode::Partial && !(ufo && n > 1);
+        match (&p.l4, spec.tcp) {
+            (Some(TransportHeader::Tcp(t)), true) => {
+                let want = match &p.l3 {
+                    NetHeaders::Ipv4(h, _) => t.calc_checksum_ipv4(h, &p.payload).unwrap(),
+                    NetHeaders::Ipv6(h, _) => t.calc_checksum_ipv6(h, &p.payload).unwrap(),
+                    _ => unreachable!(),
+                };
+                if partial {
+                    assert_eq!(vnet.flags, F_NEEDS_CSUM);
+                    assert_eq!(
+                        (usize::from(vnet.csum_start), vnet.csum_offset),
+                        (p.l4_off, 16)
+                    );
+                    let l4len = t.header_len() + p.payload.len();
+                    assert_eq!(t.checksum, pseudo(&src, &dst, 6, l4len), "partial TCP csum");
+                } else {
+                    assert_eq!(vnet.flags, 0);
+                    assert_eq!(t.checksum, want, "TCP checksum of segment {i}");
+                }
+                assert!(p.payload.len() <= gso);
+                let in_t = etherparse::TcpHeader::from_slice(&input[l4_off..])
+                    .unwrap()
+                    .0;
+                assert_eq!(
+                    t.sequence_number,
+                    spec.seq.wrapping_add((i * sum.mss) as u32)
+                );
+                assert_eq!(t.options.as_slice(), in_t.options.as_slice(), "TCP options");
+                assert_eq!(
+                    (t.source_port, t.destination_port),
+                    (in_t.source_port, in_t.destination_port)
+                );
+                assert_eq!(
+                    (t.acknowledgment_number, t.window_size),
+                    (in_t.acknowledgment_number, in_t.window_size)
+                );
+                assert_eq!(
+                    (t.ack, t.syn, t.rst, t.urg, t.ece),
+                    (in_t.ack, in_t.syn, in_t.rst, in_t.urg, in_t.ece)
+                );
+                assert_eq!(t.fin, in_t.fin && i + 1 == n, "FIN only on the last");
+                assert_eq!(t.psh, in_t.psh && i + 1 == n, "PSH only on the last");
+                assert_eq!(t.cwr, in_t.cwr && i == 0, "CWR only on the first");
+                let start = (t.sequence_number.wrapping_sub(spec.seq)) as usize;
+                assert_eq!(start, next_off, "TCP segments in sequence");
+                next_off += p.payload.len();
+                out.payloads.push(p.payload.len());
+                assert_eq!(p.payload[..], spec.payload[start..start + p.payload.len()]);
+            }
+            (Some(TransportHeader::Udp(u)), false) => {
+                let want = match &p.l3 {
+                    NetHeaders::Ipv4(h, _) => u.calc_checksum_ipv4(h, &p.payload).unwrap(),
+                    NetHeaders::Ipv6(h, _) => u.calc_checksum_ipv6(h, &p.payload).unwrap(),
+                    _ => unreachable!(),
+                };
+                assert_eq!(usize::from(u.length), 8 + p.payload.len());
+                if partial {
+                    assert_eq!(vnet.flags, F_NEEDS_CSUM);
+                    assert_eq!(
+                        (usize::from(vnet.csum_start), vnet.csum_offset),
+                        (p.l4_off, 6)
+                    );
+                    assert_eq!(
+                        u.checksum,
+                        pseudo(&src, &dst, 17, 8 + p.payload.len()),
+                        "partial UDP csum"
+                    );
+                } else {
+                    assert_eq!(vnet.flags, 0);
+                    assert_eq!(u.checksum, want, "UDP checksum of segment {i}");
+                }
+                assert!(p.payload.len() <= gso.max(spec.payload.len() * usize::from(ufo)));
+                assert_eq!((u.source_port, u.destination_port), (0x3039, 0x115c));
+                out.payloads.push(p.payload.len());
+                assert_eq!(
+                    p.payload[..],
+                    spec.payload[next_off..next_off + p.payload.len()]
+                );
+                next_off += p.payload.len();
+            }
+            other => panic!("unexpected L4 {other:?} in segment {i}"),
+        }
+    }
+    if ufo && n > 1 {
+        // Reassemble: the fragmentable part, then the datagram behind its headers.
+        let total = reasm.iter().rposition(|b| b.is_some()).map_or(0, |p| p + 1);
+        let bytes: Vec<u8> = reasm[..total]
+            .iter()
+            .map(|b| b.expect("hole in fragments"))
+            .collect();
+        let skip = bytes.len() - 8 - spec.payload.len();
+        let dgram = &bytes[skip..];
+        let u = etherparse::UdpHeader::from_slice(dgram).unwrap().0;
+        assert_eq!(usize::from(u.length), dgram.len());
+        assert_eq!(&dgram[8..], &spec.payload[..], "UFO reassembly");
+        let (s, d) = addrs(&parse(&segs[0].1).l3);
+        let want = if spec.v6 {
+            u.calc_checksum_ipv6_raw(s.try_into().unwrap(), d.try_into().unwrap(), &dgram[8..])
+                .unwrap()
+        } else {
+            u.calc_checksum_ipv4_raw(s.try_into().unwrap(), d.try_into().unwrap(), &dgram[8..])
+                .unwrap()
+        };
+        assert_eq!(u.checksum, want, "UFO datagram checksum");
+    } else {
+        assert_eq!(next_off, spec.payload.len(), "payload reassembled in full");
+    }
+    out
+}
