@@ -26,12 +26,6 @@ import guest as G
 SECONDS = 3
 NO_GUEST_TSO = {"guest_tso4": False, "guest_tso6": False}
 
-# The software segmenter is an interface-only placeholder until it lands; case (b)
-# through gsonet cannot pass before that. The mark disappears with the placeholder.
-SEGMENTER_PLACEHOLDER = "Interface only until the engine lands" in (
-    (G.REPO / "src" / "segment" / "mod.rs").read_text(errors="replace")
-    if (G.REPO / "src" / "segment" / "mod.rs").exists() else "")
-
 RESULTS: dict[str, dict[str, float]] = {"gsonet": {}, "bridge": {}}
 
 
@@ -155,8 +149,6 @@ class TestGsonetSwitch:
         assert d["gso_passed"] == 0 and d["gso_segmented"] == 0, d
 
     @pytest.mark.slow
-    @pytest.mark.xfail(SEGMENTER_PLACEHOLDER, strict=True,
-                       reason="software segmenter not merged yet (src/segment is a placeholder)")
     def test_iperf3_receiver_without_guest_tso(self, pair, record_measurement):
         """(b) A did not ack GUEST_TSO4/6: gsonet segments B's TSO frames in
         software; the data arrives intact (md5) and the counters say so.
