@@ -126,8 +126,9 @@ fn print_stats(v: &serde_json::Value) -> Result<(), (u8, String)> {
         serde_json::from_value(v.clone()).map_err(|e| (1, e.to_string()))?;
     for p in &r.ports {
         let s = &p.stats;
+        let vlan = p.vlan.map(|v| format!(" vlan {v}")).unwrap_or_default();
         println!(
-            "port {} {} ({})",
+            "port {} {}{vlan} ({})",
             p.id,
             p.name,
             if p.connected {
