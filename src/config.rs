@@ -533,6 +533,30 @@ mod tests {
     }
 
     #[test]
+    fn access_vlan() {
+        assert_eq!(PortConfig::parse("socket=a").unwrap().vlan, None);
+        let p = PortConfig::parse("socket=a,vlan=10").unwrap();
+        assert_eq!(p.vlan.map(|v| v.get()), Some(10));
+        assert_eq!(
+            PortConfig::parse("socket=a,vlan=4094").unwrap().vlan,
+            Vid::new(4094)
+        );
+        for bad in ["0", "4095", "x", "", "-1"] {
+            assert!(
+                matches!(
+                    PortConfig::parse(&format!("socket=a,vlan={bad}")),
+                    Err(ConfigError::BadValue { .. })
+                ),
+                "vlan={bad}"
+            );
+        }
+        let c = Config::from_toml("[[port]]\nsocket='a'\nvlan=20\n[[port]]\nsocket='b'").unwrap();
+        assert_eq!(c.ports[0].vlan, Vid::new(20));
+        assert_eq!(c.ports[1].vlan, None);
+        assert!(Config::from_toml("[[port]]\nsocket='a'\nvlan=5000").is_err());
+    }
+
+    #[test]
     fn whole_config_checks() {
         let mut c = Config::from_toml("").unwrap();
         assert_eq!(c.check(), Err(ConfigError::NoPorts));

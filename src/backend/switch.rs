@@ -429,4 +429,300 @@ mod tests {
         f.learn((None, m), Endpoint::Port(0), t0);
         assert_eq!(f.lookup(&(None, m), t0), None);
     }
+
+    #[test]
+    fn same_mac_in_two_vlans_is_two_addresses() {
+        let t0 = Instant::now();
+        let mut f = Fdb::new(Duration::from_secs(10));
+        let a = [2, 0, 0, 0, 0, 1];
+        let (v10, v20) = (Vid::new(10), Vid::new(20));
+        f.learn((v10, a), Endpoint::Port(0), t0);
+        f.learn((v20, a), Endpoint::Uplink(0), t0);
+        assert_eq!(f.lookup(&(v10, a), t0), Some(Endpoint::Port(0)));
+        assert_eq!(f.lookup(&(v20, a), t0), Some(Endpoint::Uplink(0)));
+        assert_eq!(f.lookup(&(None, a), t0), None);
+    }
+
+    #[test]
+    fn classify_by_attachment_and_tag() {
+        let v = |n| Vid::new(n).unwrap();
+        let access = [v(10), v(20)];
+        let c = |at, tag| classify(at, tag, &access);
+        let vlan = |n, tagged| {
+            Ok(Ingress {
+                domain: Vid::new(n),
+                tagged,
+            })
+        };
+        assert_eq!(c(Attach::Access(v(10)), Tag::Untagged), vlan(10, false));
+        for t in [Tag::Dot1q(10), Tag::Dot1q(0), Tag::Other] {
+            assert_eq!(c(Attach::Access(v(10)), t), Err("tagged_on_access_port"));
+        }
+        assert_eq!(c(Attach::Access(v(10)), Tag::Short), Err("too_short"));
+        assert_eq!(c(Attach::Untagged, Tag::Untagged), Ok(Ingress::UNTAGGED));
+        assert_eq!(c(Attach::Untagged, Tag::Dot1q(30)), Ok(Ingress::UNTAGGED));
+        assert_eq!(c(Attach::Untagged, Tag::Other), Ok(Ingress::UNTAGGED));
+        assert_eq!(
+            c(Attach::Untagged, Tag::Dot1q(20)),
+            Err("tagged_with_access_vlan")
+        );
+        assert_eq!(c(Attach::Trunk, Tag::Dot1q(20)), vlan(20, true));
+        assert_eq!(c(Attach::Trunk, Tag::Dot1q(30)), Ok(Ingress::UNTAGGED));
+        assert_eq!(c(Attach::Trunk, Tag::Dot1q(0)), Ok(Ingress::UNTAGGED));
+        assert_eq!(c(Attach::Trunk, Tag::Other), Ok(Ingress::UNTAGGED));
+        assert_eq!(c(Attach::Trunk, Tag::Untagged), Ok(Ingress::UNTAGGED));
+    }
+}
+
+#[cfg(test)]
+mod vlan_forwarding {
+    //! The switch with unconnected-queue ports (every delivery attempt shows up as an
+    //! `rx_queue_full` drop on the port) and an uplink that records what it is sent.
+    use super::*;
+    use crate::config::{GsoMode, PortConfig};
+    use crate::vnet_hdr::{GsoKind, GsoType, F_NEEDS_CSUM};
+
+    #[derive(Default)]
+    struct Recorder {
+        sent: Mutex<Vec<(VirtioNetHdr, Vec<u8>)>>,
+        stats: Counters,
+    }
+
+    impl Recorder {
+        fn take(&self) -> Vec<(VirtioNetHdr, Vec<u8>)> {
+            std::mem::take(&mut *self.sent.lock().unwrap())
+        }
+    }
+
+    impl Destination for Recorder {
+        fn caps(&self) -> Caps {
+            Caps::ALL
+        }
+        fn max_burst(&self) -> Option<usize> {
+            None
+        }
+        fn send(
+            &self,
+            _: usize,
+            hdr: &VirtioNetHdr,
+            parts: &[&[u8]],
+            _: &mut Pending,
+        ) -> Result<(), &'static str> {
+            self.sent.lock().unwrap().push((*hdr, parts.concat()));
+            Ok(())
+        }
+        fn stats(&self) -> &Counters {
+            &self.stats
+        }
+    }
+
+    impl Uplink for Recorder {
+        fn name(&self) -> String {
+            "recorder".into()
+        }
+        fn as_destination(&self) -> &dyn Destination {
+            self
+        }
+        fn set_rx_offload(&self, caps: Caps) -> Result<Caps, String> {
+            Ok(caps)
+        }
+        fn stats(&self) -> &Counters {
+            &self.stats
+        }
+        fn gso_mode(&self) -> GsoMode {
+            GsoMode::Pass
+        }
+        fn set_gso_mode(&self, _: GsoMode) {}
+        fn set_max_burst(&self, _: Option<usize>) {}
+        fn start(self: Arc<Self>, _: usize, _: Arc<Switch>) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    const P10A: usize = 0;
+    const P10B: usize = 1;
+    const P20: usize = 2;
+    const UNTAGGED: usize = 3;
+
+    /// Ports: two on VLAN 10, one on VLAN 20, one untagged; one recording uplink.
+    fn setup() -> (Switch, Arc<Recorder>) {
+        let ports = ["vlan=10", "vlan=10", "vlan=20", ""]
+            .iter()
+            .enumerate()
+            .map(|(i, extra)| {
+                let cfg = PortConfig::parse(&format!("socket=p{i},{extra}")).unwrap();
+                let p = Arc::new(Port::new(i, cfg));
+                p.set_connected(true);
+                p
+            })
+            .collect();
+        let up = Arc::new(Recorder::default());
+        let uplinks: Vec<Arc<dyn Uplink>> = vec![up.clone()];
+        (Switch::new(ports, uplinks, Duration::from_secs(60)), up)
+    }
+
+    /// Delivery attempts per port since the last call (`seen`: the totals then).
+    fn attempts(sw: &Switch, seen: &mut [u64; 4]) -> [u64; 4] {
+        let mut out = [0; 4];
+        for (i, p) in sw.ports().iter().enumerate() {
+            let n = drops(&p.stats, "rx_queue_full");
+            out[i] = n - seen[i];
+            seen[i] = n;
+        }
+        out
+    }
+
+    fn mac(n: u8) -> Mac {
+        [2, 0, 0, 0, 0, n]
+    }
+
+    /// An IPv4/TCP-looking frame, optionally tagged (VID `vid`, priority 5).
+    fn frame(dst: Mac, src: Mac, vid: Option<u16>) -> Vec<u8> {
+        let mut f = [dst, src].concat();
+        if let Some(v) = vid {
+            f.extend_from_slice(&[0x81, 0x00]);
+            f.extend_from_slice(&(0xa000 | v).to_be_bytes());
+        }
+        f.extend_from_slice(&[0x08, 0x00]);
+        f.extend((0..80u8).map(|i| i.wrapping_mul(3)));
+        f
+    }
+
+    fn send(sw: &Switch, src: Endpoint, bytes: &[u8], hdr: VirtioNetHdr) {
+        let parts = [&bytes[..7], &bytes[7..15], &bytes[15..]];
+        let f = Frame {
+            hdr,
+            parts: &parts,
+            len: bytes.len(),
+        };
+        sw.forward(src, 0, &f, &mut DeliverCtx::default());
+    }
+
+    fn plain(sw: &Switch, src: Endpoint, bytes: &[u8]) {
+        send(sw, src, bytes, VirtioNetHdr::default());
+    }
+
+    fn drops(c: &Counters, reason: &str) -> u64 {
+        c.snapshot().drops.get(reason).copied().unwrap_or(0)
+    }
+
+    #[test]
+    fn broadcasts_stay_in_their_vlan() {
+        let (sw, up) = setup();
+        let mut seen = [0; 4];
+        let bc = [0xff; 6];
+        plain(&sw, Endpoint::Port(P10A), &frame(bc, mac(1), None));
+        assert_eq!(attempts(&sw, &mut seen), [0, 1, 0, 0]);
+        let got = up.take();
+        assert_eq!(got.len(), 1);
+        let mut want = frame(bc, mac(1), Some(10));
+        want[14] &= 0x0f; // inserted with priority 0
+        assert_eq!(got[0].1, want);
+
+        plain(&sw, Endpoint::Port(P20), &frame(bc, mac(2), None));
+        assert_eq!(attempts(&sw, &mut seen), [0, 0, 0, 0]);
+        assert_eq!(vlan::tag(&[&up.take()[0].1]), Tag::Dot1q(20));
+
+        plain(&sw, Endpoint::Port(UNTAGGED), &frame(bc, mac(3), None));
+        assert_eq!(attempts(&sw, &mut seen), [0, 0, 0, 0]);
+        assert_eq!(up.take()[0].1, frame(bc, mac(3), None));
+
+        // From the trunk: VLAN 10 to both VLAN-10 ports, an unknown VID and untagged
+        // frames to the untagged domain only.
+        plain(&sw, Endpoint::Uplink(0), &frame(bc, mac(4), Some(10)));
+        assert_eq!(attempts(&sw, &mut seen), [1, 1, 0, 0]);
+        plain(&sw, Endpoint::Uplink(0), &frame(bc, mac(4), Some(20)));
+        assert_eq!(attempts(&sw, &mut seen), [0, 0, 1, 0]);
+        plain(&sw, Endpoint::Uplink(0), &frame(bc, mac(4), Some(30)));
+        assert_eq!(attempts(&sw, &mut seen), [0, 0, 0, 1]);
+        plain(&sw, Endpoint::Uplink(0), &frame(bc, mac(4), None));
+        assert_eq!(attempts(&sw, &mut seen), [0, 0, 0, 1]);
+        assert!(up.take().is_empty(), "hairpin to the uplink");
+    }
+
+    #[test]
+    fn tagged_frames_from_guests_are_dropped_where_they_would_leak() {
+        let (sw, up) = setup();
+        let mut seen = [0; 4];
+        let bc = [0xff; 6];
+        plain(&sw, Endpoint::Port(P10A), &frame(bc, mac(1), Some(10)));
+        plain(&sw, Endpoint::Port(P10A), &frame(bc, mac(1), Some(20)));
+        plain(&sw, Endpoint::Port(UNTAGGED), &frame(bc, mac(3), Some(20)));
+        assert_eq!(attempts(&sw, &mut seen), [0, 0, 0, 0]);
+        assert!(up.take().is_empty());
+        assert_eq!(drops(&sw.ports()[P10A].stats, "tagged_on_access_port"), 2);
+        assert_eq!(
+            drops(&sw.ports()[UNTAGGED].stats, "tagged_with_access_vlan"),
+            1
+        );
+        // A VID no access port uses stays the untagged guest's business.
+        plain(&sw, Endpoint::Port(UNTAGGED), &frame(bc, mac(3), Some(30)));
+        assert_eq!(up.take().len(), 1);
+    }
+
+    #[test]
+    fn learning_is_per_vlan() {
+        let (sw, up) = setup();
+        let mut seen = [0; 4];
+        let x = mac(9);
+        // X answers from the trunk in VLAN 10.
+        plain(&sw, Endpoint::Uplink(0), &frame([0xff; 6], x, Some(10)));
+        attempts(&sw, &mut seen);
+        // VLAN 10 finds X on the uplink: unicast, tagged, no flood to the other port.
+        plain(&sw, Endpoint::Port(P10A), &frame(x, mac(1), None));
+        assert_eq!(attempts(&sw, &mut seen), [0, 0, 0, 0]);
+        assert_eq!(vlan::tag(&[&up.take()[0].1]), Tag::Dot1q(10));
+        // The untagged domain has not seen X: flooded there (uplink and nobody else).
+        plain(&sw, Endpoint::Port(UNTAGGED), &frame(x, mac(3), None));
+        assert_eq!(attempts(&sw, &mut seen), [0, 0, 0, 0]);
+        assert_eq!(up.take()[0].1, frame(x, mac(3), None));
+        // X moving to a VLAN-10 port moves it in VLAN 10 only.
+        plain(&sw, Endpoint::Port(P10B), &frame([0xff; 6], x, None));
+        attempts(&sw, &mut seen);
+        up.take();
+        plain(&sw, Endpoint::Port(P10A), &frame(x, mac(1), None));
+        assert_eq!(attempts(&sw, &mut seen), [0, 1, 0, 0]);
+        assert!(up.take().is_empty());
+        // A pinned-less VLAN-20 guest asking for X floods in VLAN 20.
+        plain(&sw, Endpoint::Port(P20), &frame(x, mac(2), None));
+        assert_eq!(attempts(&sw, &mut seen), [0, 0, 0, 0]);
+        assert_eq!(up.take().len(), 1);
+    }
+
+    #[test]
+    fn gso_headers_follow_the_tag() {
+        let (sw, up) = setup();
+        let mut seen = [0; 4];
+        let hdr = VirtioNetHdr {
+            flags: F_NEEDS_CSUM,
+            gso: GsoType::new(GsoKind::TcpV4),
+            hdr_len: 54,
+            gso_size: 1448,
+            csum_start: 34,
+            csum_offset: 16,
+            num_buffers: 1,
+        };
+        send(
+            &sw,
+            Endpoint::Port(P10A),
+            &frame([0xff; 6], mac(1), None),
+            hdr,
+        );
+        let (h, _) = up.take().remove(0);
+        assert_eq!((h.csum_start, h.hdr_len, h.gso_size), (38, 58, 1448));
+        assert_eq!(h.gso.kind, GsoKind::TcpV4);
+        // A frame whose checksum would start inside the tag cannot be untagged.
+        let bad = VirtioNetHdr {
+            csum_start: 14,
+            ..hdr
+        };
+        send(
+            &sw,
+            Endpoint::Uplink(0),
+            &frame([0xff; 6], mac(4), Some(10)),
+            bad,
+        );
+        assert_eq!(attempts(&sw, &mut seen), [0, 0, 0, 0]);
+        assert_eq!(drops(&up.stats, "vlan_bad_offsets"), 1);
+    }
 }
