@@ -152,20 +152,32 @@ fn vlans_are_isolated_both_ways() {
     // And A to C's MAC (learnt in the untagged domain only) floods VLAN 10: B only.
     let (h, f) = small(a_mac(), c_mac(), 1005);
     a.send(&h, &f, TxLayout::Single).unwrap();
-    assert_eq!(recv_where(&mut b, T, is(1005)).expect("flood at B").frame, f);
+    assert_eq!(
+        recv_where(&mut b, T, is(1005)).expect("flood at B").frame,
+        f
+    );
     nothing_at(&mut c, "C", 1005);
     // Known unicast within the VLAN.
     let (h, f) = small(b_mac(), a_mac(), 1006);
     b.send(&h, &f, TxLayout::Single).unwrap();
-    assert_eq!(recv_where(&mut a, T, is(1006)).expect("unicast at A").frame, f);
+    assert_eq!(
+        recv_where(&mut a, T, is(1006)).expect("unicast at A").frame,
+        f
+    );
 
     // A guest on an access port sending a tagged frame: dropped and counted.
     let (h, f) = small(a_mac(), bc, 1007);
     a.send(&h, &tagged(&f, VID), TxLayout::Single).unwrap();
     let (h, f) = small(a_mac(), bc, 1008);
     a.send(&h, &tagged(&f, 20), TxLayout::Single).unwrap();
-    assert!(b.recv(QUIET).is_none(), "a tagged frame passed the access port");
-    assert!(c.recv(QUIET).is_none(), "a tagged frame reached the untagged port");
+    assert!(
+        b.recv(QUIET).is_none(),
+        "a tagged frame passed the access port"
+    );
+    assert!(
+        c.recv(QUIET).is_none(),
+        "a tagged frame reached the untagged port"
+    );
     let s = d.stats().unwrap();
     assert_eq!(
         s["ports"][0]["stats"]["drops"]["tagged_on_access_port"], 2,
@@ -211,13 +223,7 @@ fn tso_between_vlan_ports_intact_or_segmented() {
     let data = frames::payload(len, 42);
     let seq0 = 0xffff_f000;
     let flow = Flow::new(a_mac(), b_mac(), Ips::v4()).ports(2200, 2201);
-    let (h, f) = frames::tcp_with_flags(
-        &flow,
-        seq0,
-        frames::ACK | frames::PSH,
-        &data,
-        Some(MSS4),
-    );
+    let (h, f) = frames::tcp_with_flags(&flow, seq0, frames::ACK | frames::PSH, &data, Some(MSS4));
     a.send(&h, &f, TxLayout::HeaderThenChunks(4096)).unwrap();
     let segs: Vec<_> = recv_all_where(&mut b, Duration::from_millis(500), is(2200))
         .into_iter()
@@ -277,7 +283,12 @@ fn tap_trunk_carries_vlan_10_tagged() {
     let seen = host
         .collect(T, from_sport(3001), |v| !v.is_empty())
         .unwrap();
-    assert_eq!(seen.len(), 1, "A's frame on the tap\n{:#}", r.d.stats().unwrap());
+    assert_eq!(
+        seen.len(),
+        1,
+        "A's frame on the tap\n{:#}",
+        r.d.stats().unwrap()
+    );
     assert_eq!(untag(&seen[0]), (Some(VID), f.clone()));
     assert_eq!(seen[0].wire(), tagged(&f, VID));
     // C's leaves untagged.
