@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::backend::vlan::Vid;
 use crate::features::FeatureMask;
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -119,6 +120,9 @@ pub struct PortConfig {
     /// Largest L3 packet this port receives (FreeBSD's max_burst); below the MTU.
     pub max_burst: Option<usize>,
     pub mask: FeatureMask,
+    /// Access VLAN: the guest sees VLAN `vlan` untagged; uplinks see it tagged.
+    /// `None`: the untagged domain.
+    pub vlan: Option<Vid>,
 }
 
 impl PortConfig {
@@ -189,9 +193,9 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mtu, max_burst, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mtu, max_burst, vlan, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
-    /// Parses `socket=PATH[,client][,queues=N][,mac=MAC][,mtu=N][,tso=off]...`.
+    /// Parses `socket=PATH[,client][,queues=N][,mac=MAC][,mtu=N][,vlan=N][,tso=off]...`.
     pub fn parse(s: &str) -> Result<PortConfig, ConfigError> {
         Self::from_pairs(pairs(s))
     }
@@ -206,6 +210,7 @@ impl PortConfig {
             mtu: 1500,
             max_burst: None,
             mask: FeatureMask::default(),
+            vlan: None,
         };
         for (k, v) in kv {
             match k.as_str() {
@@ -216,6 +221,7 @@ impl PortConfig {
                 "mac" => c.mac = Some(v.parse().map_err(|e| bad(W, &k, &v, e))?),
                 "mtu" => c.mtu = number(W, &k, &v, 68, 65535)?,
                 "max_burst" => c.max_burst = Some(number(W, &k, &v, 68, 65535)?),
+                "vlan" => c.vlan = Vid::new(number(W, &k, &v, Vid::MIN, Vid::MAX)?),
                 name if FeatureMask::NAMES.contains(&name) => {
                     let on = on_off(W, &k, &v)?;
                     c.mask.set(name, on);
@@ -524,6 +530,30 @@ mod tests {
         c.check().unwrap();
         assert!(Config::from_toml("[[port]]\nsocket='a'\nbogus=1").is_err());
         assert!(Config::from_toml("[[prot]]\nsocket='a'").is_err());
+    }
+
+    #[test]
+    fn access_vlan() {
+        assert_eq!(PortConfig::parse("socket=a").unwrap().vlan, None);
+        let p = PortConfig::parse("socket=a,vlan=10").unwrap();
+        assert_eq!(p.vlan.map(|v| v.get()), Some(10));
+        assert_eq!(
+            PortConfig::parse("socket=a,vlan=4094").unwrap().vlan,
+            Vid::new(4094)
+        );
+        for bad in ["0", "4095", "x", "", "-1"] {
+            assert!(
+                matches!(
+                    PortConfig::parse(&format!("socket=a,vlan={bad}")),
+                    Err(ConfigError::BadValue { .. })
+                ),
+                "vlan={bad}"
+            );
+        }
+        let c = Config::from_toml("[[port]]\nsocket='a'\nvlan=20\n[[port]]\nsocket='b'").unwrap();
+        assert_eq!(c.ports[0].vlan, Vid::new(20));
+        assert_eq!(c.ports[1].vlan, None);
+        assert!(Config::from_toml("[[port]]\nsocket='a'\nvlan=5000").is_err());
     }
 
     #[test]

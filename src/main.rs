@@ -30,6 +30,7 @@ enum Cmd {
 gsonet serve --port socket=/run/gsonet/vm1.sock --port socket=/run/gsonet/vm2.sock --uplink tap=gsonet0\n  \
 gsonet serve --port socket=/tmp/vm1.sock,queues=2,tso=off --uplink tap=gs0,gso=software\n  \
 gsonet serve --port socket=/run/gsonet/vm1.sock --uplink dev=eth1,queues=2,bypass=on\n  \
+gsonet serve --port socket=/tmp/web.sock,vlan=10 --port socket=/tmp/db.sock,vlan=20 --uplink tap=gs0\n  \
 gsonet serve --config /etc/gsonet.toml\n\n\
 Attach a guest (its RAM must be shared):\n  \
 qemu-system-x86_64 ... -object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \\\n    \
@@ -37,10 +38,14 @@ qemu-system-x86_64 ... -object memory-backend-memfd,id=mem,size=1G,share=on -num
 -device virtio-net-pci,netdev=n0,mrg_rxbuf=on\n\n\
 Logging: RUST_LOG=gsonet=debug")]
     Serve {
-        /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mtu=N][,max_burst=N]
+        /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mtu=N][,max_burst=N][,vlan=N]
         /// and offload switches offloads|csum|guest_csum|tso|ecn|ufo|uso|mrg_rxbuf|event_idx|indirect_desc=on|off.
         /// gsonet listens on PATH (QEMU connects); with `client` it connects to a QEMU started
         /// with server=on. Repeat for more guests.
+        /// vlan=N (1..4094) makes the port an 802.1Q access port of VLAN N: its guest sends
+        /// and receives untagged frames, uplinks carry them tagged with VID N, and it sees
+        /// only VLAN N. Ports without vlan= form the untagged domain. Tagged frames a guest
+        /// sends on an access port are dropped (tagged_on_access_port).
         #[arg(long = "port", value_name = "SPEC")]
         ports: Vec<String>,
         /// An uplink: tap=NAME or dev=IFNAME, then [,queues=N][,gso=pass|software][,max_burst=N]
@@ -126,8 +131,9 @@ fn print_stats(v: &serde_json::Value) -> Result<(), (u8, String)> {
         serde_json::from_value(v.clone()).map_err(|e| (1, e.to_string()))?;
     for p in &r.ports {
         let s = &p.stats;
+        let vlan = p.vlan.map(|v| format!(" vlan {v}")).unwrap_or_default();
         println!(
-            "port {} {} ({})",
+            "port {} {}{vlan} ({})",
             p.id,
             p.name,
             if p.connected {

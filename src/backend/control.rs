@@ -40,6 +40,9 @@ pub struct PortReport {
     pub guest_tx: Option<Caps>,
     pub mrg_rxbuf: Option<bool>,
     pub max_burst: Option<usize>,
+    /// Access VLAN; absent: the untagged domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<u16>,
     pub stats: Snapshot,
 }
 
@@ -72,6 +75,7 @@ pub fn report(sw: &Switch) -> StatsReport {
                     guest_tx: n.map(|n| n.tx),
                     mrg_rxbuf: n.map(|n| n.mrg_rxbuf),
                     max_burst: p.max_burst(),
+                    vlan: p.cfg.vlan.map(|v| v.get()),
                     stats: p.stats.snapshot(),
                 }
             })

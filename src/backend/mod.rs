@@ -10,6 +10,7 @@ pub mod stats;
 pub mod switch;
 pub mod tap;
 pub mod uplink;
+pub mod vlan;
 
 use std::io;
 use std::os::linux::net::SocketAddrExt;

@@ -18,6 +18,22 @@ use gsonet::vnet_hdr::{GsoType, VirtioNetHdr};
 const ETH_P_ALL: u16 = 0x0003;
 const SOL_PACKET: libc::c_int = 263;
 const PACKET_VNET_HDR: libc::c_int = 15;
+const PACKET_AUXDATA: libc::c_int = 8;
+const TP_STATUS_VLAN_VALID: u32 = 0x10;
+const TP_STATUS_VLAN_TPID_VALID: u32 = 0x40;
+
+/// struct tpacket_auxdata.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct AuxData {
+    status: u32,
+    len: u32,
+    snaplen: u32,
+    mac: u16,
+    net: u16,
+    vlan_tci: u16,
+    vlan_tpid: u16,
+}
 pub const PACKET_OUTGOING: u8 = 4;
 /// struct virtio_net_hdr as packet sockets use it (no num_buffers).
 pub const PKT_VNET_LEN: usize = 10;
@@ -29,6 +45,25 @@ pub struct Seen {
     /// The packet socket's virtio_net_hdr, when PACKET_VNET_HDR is on.
     pub vnet: Option<VirtioNetHdr>,
     pub frame: Vec<u8>,
+    /// A VLAN tag the kernel took out of the frame (hardware-accelerated VLAN on
+    /// receive), from PACKET_AUXDATA: (TPID, TCI).
+    pub vlan: Option<(u16, u16)>,
+}
+
+impl Seen {
+    /// The frame as it was on the wire: an accelerated tag put back after the MACs.
+    pub fn wire(&self) -> Vec<u8> {
+        match self.vlan {
+            Some((tpid, tci)) if self.frame.len() >= 12 => {
+                let mut f = self.frame[..12].to_vec();
+                f.extend_from_slice(&tpid.to_be_bytes());
+                f.extend_from_slice(&tci.to_be_bytes());
+                f.extend_from_slice(&self.frame[12..]);
+                f
+            }
+            _ => self.frame.clone(),
+        }
+    }
 }
 
 pub struct PacketSock {
@@ -98,6 +133,7 @@ impl PacketSock {
         if vnet {
             setsockopt_int(raw, SOL_PACKET, PACKET_VNET_HDR, 1)?;
         }
+        setsockopt_int(raw, SOL_PACKET, PACKET_AUXDATA, 1)?;
         // Room for many 64 KiB frames (root may exceed rmem_max).
         let _ = setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 32 << 20);
         let _ = setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 4 << 20);
@@ -174,18 +210,49 @@ impl PacketSock {
             }
             // SAFETY: all-zero is a valid sockaddr_ll.
             let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            let mut flen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+            let mut iov = libc::iovec {
+                iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+                iov_len: buf.len(),
+            };
+            let mut cbuf = [0u64; 16];
+            // SAFETY: all-zero is a valid msghdr.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_name = &mut from as *mut libc::sockaddr_ll as *mut libc::c_void;
+            msg.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = std::mem::size_of_val(&cbuf);
             // SAFETY: receives into live buffers of the given sizes.
             let n = unsafe {
-                libc::recvfrom(
+                libc::recvmsg(
                     self.fd.as_raw_fd(),
-                    buf.as_mut_ptr() as *mut libc::c_void,
-                    buf.len(),
+                    &mut msg,
                     libc::MSG_DONTWAIT | libc::MSG_TRUNC,
-                    &mut from as *mut libc::sockaddr_ll as *mut libc::sockaddr,
-                    &mut flen,
                 )
             };
+            let mut vlan = None;
+            if n >= 0 {
+                // SAFETY: walks the control messages the kernel wrote into `cbuf`.
+                unsafe {
+                    let mut c = libc::CMSG_FIRSTHDR(&msg);
+                    while !c.is_null() {
+                        if (*c).cmsg_level == SOL_PACKET && (*c).cmsg_type == PACKET_AUXDATA {
+                            let aux: AuxData =
+                                std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const AuxData);
+                            if aux.status & TP_STATUS_VLAN_VALID != 0 {
+                                let tpid = if aux.status & TP_STATUS_VLAN_TPID_VALID != 0 {
+                                    aux.vlan_tpid
+                                } else {
+                                    0x8100
+                                };
+                                vlan = Some((tpid, aux.vlan_tci));
+                            }
+                        }
+                        c = libc::CMSG_NXTHDR(&msg, c);
+                    }
+                }
+            }
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::WouldBlock {
@@ -213,6 +280,7 @@ impl PacketSock {
                 pkttype: from.sll_pkttype,
                 vnet,
                 frame,
+                vlan,
             }));
         }
     }
