@@ -16,6 +16,7 @@
 use std::ffi::CString;
 use std::io;
 use std::mem;
+use std::ops::Range;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use thiserror::Error;
@@ -28,6 +29,11 @@ use crate::vnet_hdr::HDR_LEN;
 // <linux/if_packet.h>, <linux/if_ether.h>: stable ABI values.
 const SOL_PACKET: libc::c_int = 263;
 const PACKET_ADD_MEMBERSHIP: libc::c_int = 1;
+const PACKET_AUXDATA: libc::c_int = 8;
+const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
+const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
+/// Room kept in front of a received frame to put back a VLAN tag the kernel took off.
+const TAG: usize = 4;
 const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_FANOUT: libc::c_int = 18;
 const PACKET_QDISC_BYPASS: libc::c_int = 20;
@@ -222,6 +228,9 @@ impl PacketSocket {
         if let Err(e) = setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &(1 as libc::c_int)) {
             debug!(dev = %self.name, "PACKET_IGNORE_OUTGOING: {e}");
         }
+        // VLAN tags the kernel takes off on receive come back through PACKET_AUXDATA.
+        setsockopt(fd, SOL_PACKET, PACKET_AUXDATA, &(1 as libc::c_int))
+            .map_err(|e| self.err("PACKET_AUXDATA", e))?;
         if bypass {
             setsockopt(fd, SOL_PACKET, PACKET_QDISC_BYPASS, &(1 as libc::c_int))
                 .map_err(|e| self.err("PACKET_QDISC_BYPASS", e))?;
@@ -300,24 +309,43 @@ impl UplinkDevice for PacketSocket {
         self.hdr_len
     }
 
-    fn recv(&self, queue: usize, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        // SAFETY: all-zero sockaddr_ll and msghdr are valid.
+    /// The kernel hands an AF_PACKET socket VLAN frames with the tag taken off (it
+    /// is in PACKET_AUXDATA). The frame is read with a 4-byte gap after the MAC
+    /// addresses; the tag goes back into the gap, or, untagged, the addresses (and the
+    /// header before them) move up over it.
+    fn recv(&self, queue: usize, buf: &mut [u8]) -> io::Result<Option<Range<usize>>> {
+        let head = self.hdr_len + 12;
+        if buf.len() < 2 * TAG + head {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let (front, rest) = buf.split_at_mut(TAG + head + TAG);
+        let mut iov = [
+            libc::iovec {
+                iov_base: front[TAG..].as_mut_ptr().cast(),
+                iov_len: head,
+            },
+            libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: rest.len(),
+            },
+        ];
+        let mut cbuf = [0u64; 8]; // room for one tpacket_auxdata message
+                                  // SAFETY: all-zero sockaddr_ll and msghdr are valid.
         let mut sll: libc::sockaddr_ll = unsafe { mem::zeroed() };
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr() as *mut libc::c_void,
-            iov_len: buf.len(),
-        };
         // SAFETY: as above.
         let mut msg: libc::msghdr = unsafe { mem::zeroed() };
         msg.msg_name = &mut sll as *mut libc::sockaddr_ll as *mut libc::c_void;
         msg.msg_namelen = mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = 2;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = mem::size_of_val(&cbuf);
         // SAFETY: msg points at live buffers of the lengths given.
         let n = unsafe { libc::recvmsg(self.sock(queue), &mut msg, libc::MSG_DONTWAIT) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
+        let n = n as usize;
         if sll.sll_pkttype == PACKET_OUTGOING {
             return Ok(None);
         }
@@ -325,7 +353,19 @@ impl UplinkDevice for PacketSocket {
             // Larger than 64 KiB (BIG TCP GRO, jumbo GSO): we cannot carry it.
             return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
         }
-        Ok(Some(n as usize))
+        let vlan = aux_vlan(&msg);
+        match vlan {
+            Some((tpid, tci)) if n >= head => {
+                buf[TAG + head..TAG + head + 2].copy_from_slice(&tpid.to_be_bytes());
+                buf[TAG + head + 2..TAG + head + 4].copy_from_slice(&tci.to_be_bytes());
+                shift_csum(&mut buf[TAG..TAG + self.hdr_len]);
+                Ok(Some(TAG..TAG + n + TAG))
+            }
+            _ => {
+                buf.copy_within(TAG..TAG + head, 2 * TAG);
+                Ok(Some(2 * TAG..2 * TAG + n))
+            }
+        }
     }
 
     fn send(&self, queue: usize, iov: &[&[u8]]) -> io::Result<usize> {
@@ -342,9 +382,67 @@ impl UplinkDevice for PacketSocket {
     }
 }
 
+/// The VLAN tag (TPID, TCI) PACKET_AUXDATA reports for a received frame, if any.
+fn aux_vlan(msg: &libc::msghdr) -> Option<(u16, u16)> {
+    // SAFETY: walking the control messages the kernel wrote into msg's buffer.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == SOL_PACKET && (*c).cmsg_type == PACKET_AUXDATA {
+                let aux =
+                    std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::tpacket_auxdata);
+                if aux.tp_status & TP_STATUS_VLAN_VALID == 0 {
+                    return None;
+                }
+                let tpid = if aux.tp_status & TP_STATUS_VLAN_TPID_VALID != 0 {
+                    aux.tp_vlan_tpid
+                } else {
+                    0x8100
+                };
+                return Some((tpid, aux.tp_vlan_tci));
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    None
+}
+
+/// A tag put back in front of the L3 header moves the checksum start by 4 (and a
+/// header-length hint with it). `vnet` is the 10- or 12-byte virtio_net_hdr.
+fn shift_csum(vnet: &mut [u8]) {
+    let le = |b: &[u8], i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+    let hdr_len = le(vnet, 2);
+    if hdr_len != 0 {
+        vnet[2..4].copy_from_slice(&hdr_len.saturating_add(TAG as u16).to_le_bytes());
+    }
+    if vnet[0] & crate::vnet_hdr::F_NEEDS_CSUM != 0 {
+        let start = le(vnet, 6).saturating_add(TAG as u16);
+        vnet[6..8].copy_from_slice(&start.to_le_bytes());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn put_back_tag_moves_csum_start_and_hdr_len() {
+        let mut h = crate::vnet_hdr::VirtioNetHdr {
+            flags: crate::vnet_hdr::F_NEEDS_CSUM,
+            hdr_len: 54,
+            csum_start: 34,
+            csum_offset: 16,
+            ..Default::default()
+        }
+        .to_bytes();
+        shift_csum(&mut h);
+        let got = crate::vnet_hdr::VirtioNetHdr::from_bytes(&h).unwrap();
+        assert_eq!((got.csum_start, got.hdr_len, got.csum_offset), (38, 58, 16));
+        // Without NEEDS_CSUM or a length hint, nothing moves.
+        let mut plain = crate::vnet_hdr::VirtioNetHdr::default().to_bytes();
+        shift_csum(&mut plain);
+        assert_eq!(plain, crate::vnet_hdr::VirtioNetHdr::default().to_bytes());
+    }
 
     #[test]
     fn bad_and_missing_names() {
@@ -409,8 +507,8 @@ mod tests {
                     "frame {tag} not received"
                 );
                 match to.recv(0, &mut buf) {
-                    Ok(Some(n)) => {
-                        let f = &buf[to.hdr_len()..n];
+                    Ok(Some(at)) => {
+                        let f = &buf[at.start + to.hdr_len()..at.end];
                         if f.len() >= 19 && f[12..15] == frame[12..15] && f[15..19] == frame[15..19]
                         {
                             break f.to_vec();

@@ -274,8 +274,8 @@ impl UplinkDevice for Tap {
         HDR_LEN
     }
 
-    fn recv(&self, queue: usize, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        self.read(queue, buf).map(Some)
+    fn recv(&self, queue: usize, buf: &mut [u8]) -> io::Result<Option<std::ops::Range<usize>>> {
+        self.read(queue, buf).map(|n| Some(0..n))
     }
 
     fn send(&self, queue: usize, iov: &[&[u8]]) -> io::Result<usize> {

@@ -52,9 +52,10 @@ pub trait UplinkDevice: Send + Sync + 'static {
     /// Length of the virtio_net_hdr in front of every frame: 12, or 10 for an
     /// AF_PACKET socket on a kernel without PACKET_VNET_HDR_SZ.
     fn hdr_len(&self) -> usize;
-    /// Reads one frame (header first) into `buf`. `Ok(None)`: a frame to skip (one
-    /// we sent ourselves); `WouldBlock` when the queue is empty.
-    fn recv(&self, queue: usize, buf: &mut [u8]) -> io::Result<Option<usize>>;
+    /// Reads one frame (header first) into `buf` and says where in `buf` it lies.
+    /// `Ok(None)`: a frame to skip (one we sent ourselves); `WouldBlock` when the
+    /// queue is empty.
+    fn recv(&self, queue: usize, buf: &mut [u8]) -> io::Result<Option<std::ops::Range<usize>>>;
     /// Writes one frame (header first) with a single writev.
     fn send(&self, queue: usize, iov: &[&[u8]]) -> io::Result<usize>;
     /// Tells the device which offloads the guests behind it accept.
@@ -148,8 +149,8 @@ impl<D: UplinkDevice> DeviceUplink<D> {
                     return;
                 }
                 for _ in 0..RX_BATCH {
-                    let n = match self.dev.recv(queue, &mut buf) {
-                        Ok(Some(n)) => n,
+                    let at = match self.dev.recv(queue, &mut buf) {
+                        Ok(Some(at)) => at,
                         Ok(None) => continue,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                         Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
@@ -162,7 +163,7 @@ impl<D: UplinkDevice> DeviceUplink<D> {
                             break;
                         }
                     };
-                    self.handle_frame(id, queue, &buf[..n], switch, ctx);
+                    self.handle_frame(id, queue, &buf[at], switch, ctx);
                 }
                 ctx.flush();
             }
