@@ -1,6 +1,9 @@
 """Shared fixtures for gsonet's QEMU guest tests.
 
-Markers: ``slow`` (iperf3 runs, file transfers; deselect with -m "not slow").
+Markers: ``slow`` (iperf3 runs, file transfers; deselect with -m "not slow");
+``full`` (extra guest boots and side-by-side comparisons: QEMU restarts, the
+bridge baseline, the receiver without GUEST_TSO). ``-m "not full"`` is the
+representative set (`make test`), ``-m "not slow"`` the quick smoke set.
 Tests skip with a reason when not root, /dev/net/tun or QEMU is missing.
 Console and QEMU logs of every guest go to results/guest-logs/.
 """
@@ -23,6 +26,8 @@ MEASUREMENTS: dict = {}
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: throughput or bulk transfer under TCG (tens of seconds)")
+    config.addinivalue_line("markers", "full: extra guest boots / comparisons, left out of the quick "
+                            "representative run (-m 'not full')")
 
 
 def record(key: str, value) -> None:

@@ -824,3 +824,179 @@ def measure_vhost_user(socket_path: str | os.PathLike, host_ip: str, guest_ip: s
             res["guest_to_host"].append(r["guest_to_host"])
             res["host_to_guest"].append(r["host_to_guest"])
     return res
+
+
+# ---- gsonet daemon -------------------------------------------------------------
+
+GSONET_BIN = os.environ.get("GSONET_BIN", str(REPO / "target" / "release" / "gsonet"))
+
+
+class Gsonet:
+    """A `gsonet serve` process (context manager).
+
+        with Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=d) as gs:
+            set_addr(tap, "10.77.5.1/24")
+            ...
+            gs.stats()["ports"][0]["stats"]["gso_passed"]
+
+    ports / uplinks: the --port / --uplink specs. Listening sockets and the taps
+    are waited for in ``start()``; client-mode ports only connect once QEMU's
+    server socket exists. stderr goes to ``log_path``.
+    """
+
+    def __init__(self, ports: list[str], uplinks: list[str] | None = None, *,
+                 workdir: str | os.PathLike, binary: str | None = None,
+                 name: str = "gsonet", log_dir: Path | str | None = None,
+                 env: dict | None = None):
+        self.ports = list(ports)
+        self.uplinks = list(uplinks or [])
+        self.workdir = Path(workdir)
+        self.binary = binary or GSONET_BIN
+        self.control = self.workdir / "control.sock"
+        self.name = name
+        self.log_dir = Path(log_dir or LOG_DIR)
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+        self._log = None
+
+    def cmdline(self) -> list[str]:
+        cmd = [self.binary, "serve"]
+        for p in self.ports:
+            cmd += ["--port", p]
+        for u in self.uplinks:
+            cmd += ["--uplink", u]
+        return cmd + ["--control", str(self.control)]
+
+    @staticmethod
+    def _spec(spec: str) -> dict[str, str]:
+        out = {}
+        for item in spec.split(","):
+            k, _, v = item.partition("=")
+            out[k] = v
+        return out
+
+    def start(self, timeout: float = 15.0) -> "Gsonet":
+        if not os.access(self.binary, os.X_OK):
+            raise GuestError(f"gsonet binary {self.binary} missing (cargo build --release)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.log_path = self.log_dir / f"{stamp}-{self.name}-{os.getpid()}.gsonet.log"
+        self._log = open(self.log_path, "w")
+        cmd = self.cmdline()
+        self._log.write(" ".join(cmd) + "\n")
+        self._log.flush()
+        env = dict(os.environ)
+        env.setdefault("RUST_LOG", "gsonet=info")
+        env["NO_COLOR"] = "1"
+        env.update(self.env or {})
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        waits = [self.control]
+        for p in self.ports:
+            s = self._spec(p)
+            if "client" not in s:
+                waits.append(Path(s["socket"]))
+        taps = [self._spec(u)["tap"] for u in self.uplinks if "tap" in self._spec(u)]
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise GuestError(f"gsonet exited rc={self.proc.returncode}:\n{self.log()[-2000:]}")
+            if all(w.exists() for w in waits) and all(link_exists(t) for t in taps):
+                return self
+            if time.monotonic() > deadline:
+                raise GuestError(f"gsonet not ready after {timeout}s:\n{self.log()[-2000:]}")
+            time.sleep(0.05)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        try:
+            return Path(self.log_path).read_text(errors="replace") if self.log_path else ""
+        except OSError:
+            return ""
+
+    def stats(self) -> dict:
+        """`gsonet stats --json` as a dict: {"ports": [...], "uplinks": [...]}."""
+        p = subprocess.run([self.binary, "stats", "--control", str(self.control), "--json"],
+                           capture_output=True, text=True, timeout=10)
+        if p.returncode != 0:
+            raise GuestError(f"gsonet stats failed rc={p.returncode}: {p.stderr}")
+        return json.loads(p.stdout)
+
+    def stats_text(self) -> str:
+        return subprocess.run([self.binary, "stats", "--control", str(self.control)],
+                              capture_output=True, text=True, timeout=10).stdout
+
+    def port_stats(self, i: int = 0) -> dict:
+        return self.stats()["ports"][i]
+
+    def uplink_stats(self, i: int = 0) -> dict:
+        return self.stats()["uplinks"][i]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> "Gsonet":
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def counters_delta(before: dict, after: dict) -> dict:
+    """after - before for the numeric counters of one stats snapshot (max/min kept
+    from ``after``); drops as a dict of differences."""
+    out = {}
+    for k, v in after.items():
+        if k == "drops":
+            out[k] = {r: n - before.get(k, {}).get(r, 0) for r, n in v.items()
+                      if n - before.get(k, {}).get(r, 0)}
+        elif k.startswith(("max_", "min_", "tx_max")):
+            out[k] = v
+        else:
+            out[k] = v - before.get(k, 0)
+    return out
+
+
+def transfer_guest_to_guest(src: Guest, dst: Guest, dst_ip: str, mib: int = 32,
+                            port: int = 5301, timeout: float = 600) -> dict:
+    """Random ``mib`` MiB from ``src``'s tmpfs to ``dst`` with busybox nc
+    (``nc -l -p PORT`` in dst), md5 on both sides. Same result dict as
+    transfer_guest_to_host."""
+    spath, dpath = "/tmp/g2g.out", "/tmp/g2g.in"
+    src.run_ok(f"head -c {mib * 1048576} /dev/urandom > {spath}", timeout=timeout)
+    smd5 = _guest_md5(src, spath, timeout)
+    dst.run(f"rm -f {dpath}")
+    dst.run_ok(f"nc -l -p {port} > {dpath} 2>/dev/null & echo $! > /tmp/g2g.pid")
+    for _ in range(50):
+        rc, _ = dst.run(f"netstat -ltn | grep -q ':{port} '")
+        if rc == 0:
+            break
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    src.run_ok(f"nc {dst_ip} {port} < {spath}", timeout=timeout)
+    # the listener exits when the sender closes
+    dst.run_ok(f"while kill -0 $(cat /tmp/g2g.pid) 2>/dev/null; do usleep 100000; done",
+               timeout=60)
+    secs = time.monotonic() - t0
+    dmd5 = _guest_md5(dst, dpath, timeout)
+    size = int(dst.run_ok(f"wc -c < {dpath}").strip())
+    src.run(f"rm -f {spath}")
+    dst.run(f"rm -f {dpath} /tmp/g2g.pid")
+    return {"ok": smd5 == dmd5 and size == mib * 1048576,
+            "src_md5": smd5, "dst_md5": dmd5, "bytes": size, "seconds": secs}
