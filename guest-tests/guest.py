@@ -982,7 +982,11 @@ def transfer_guest_to_guest(src: Guest, dst: Guest, dst_ip: str, mib: int = 32,
     src.run_ok(f"head -c {mib * 1048576} /dev/urandom > {spath}", timeout=timeout)
     smd5 = _guest_md5(src, spath, timeout)
     dst.run(f"rm -f {dpath}")
-    dst.run_ok(f"nc -l -p {port} > {dpath} 2>/dev/null & echo $! > /tmp/g2g.pid")
+    # busybox nc's listening side quits early when its stdin is at EOF (the console
+    # runs commands with </dev/null), and a bare background nc can take the
+    # console shell down with it: run it in a subshell with a stdin that stays open.
+    dst.run_ok(f"( sleep 3600 | nc -l -p {port} > {dpath} 2>/dev/null ) & "
+               "echo $! > /tmp/g2g.pid")
     for _ in range(50):
         rc, _ = dst.run(f"netstat -ltn | grep -q ':{port} '")
         if rc == 0:
@@ -990,9 +994,12 @@ def transfer_guest_to_guest(src: Guest, dst: Guest, dst_ip: str, mib: int = 32,
         time.sleep(0.1)
     t0 = time.monotonic()
     src.run_ok(f"nc {dst_ip} {port} < {spath}", timeout=timeout)
-    # the listener exits when the sender closes
-    dst.run_ok(f"while kill -0 $(cat /tmp/g2g.pid) 2>/dev/null; do usleep 100000; done",
-               timeout=60)
+    # done when every byte is in or the listener has gone
+    want = mib * 1048576
+    dst.run_ok(f"i=0; while [ $i -lt 600 ] && [ $(wc -c < {dpath}) -lt {want} ] && "
+               "ps | grep -q '[n]c -l'; do usleep 100000; i=$((i+1)); done; "
+               "kill $(cat /tmp/g2g.pid) 2>/dev/null; killall nc sleep 2>/dev/null; true",
+               timeout=90)
     secs = time.monotonic() - t0
     dmd5 = _guest_md5(dst, dpath, timeout)
     size = int(dst.run_ok(f"wc -c < {dpath}").strip())
