@@ -30,8 +30,13 @@ guest-tests: build
 test-full: setup build unit
 	$(PYTEST) -q guest-tests
 
+# Micro-benchmark of the segmentation engine, then the side-by-side iperf3 run
+# (gsonet vs QEMU virtio-net + tap vs DPDK testpmd; SECONDS=3 REPEATS=1 for a smoke
+# run). Results: results/bench-<timestamp>/.
 bench: setup build
-	$(CARGO) bench --bench segment
+	@if [ -f benches/segment.rs ]; then $(CARGO) bench --bench segment; \
+	else echo "bench: benches/segment.rs not in this tree, skipping cargo bench --bench segment"; fi
+	python3 scripts/bench.py
 
 lint:
 	$(CARGO) fmt --all -- --check

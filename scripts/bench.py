@@ -137,49 +137,60 @@ class Testpmd:
         self._cond = threading.Condition()
 
     def _reader(self):
+        # Raw reads, not lines: the "testpmd> " prompt ends without a newline.
         assert self.proc and self.proc.stdout
+        fd = self.proc.stdout.fileno()
         with open(self.log_path, "w") as f:
-            for line in iter(self.proc.stdout.readline, ""):
-                f.write(line)
+            while True:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                text = data.decode(errors="replace")
+                f.write(text)
                 f.flush()
                 with self._cond:
-                    self._out.append(line)
+                    self._out.append(text)
                     self._cond.notify_all()
         with self._cond:
             self._cond.notify_all()
+
+    def _last_line(self) -> str:
+        lines = [x for x in "".join(self._out).splitlines() if x.strip()]
+        return lines[-1][:200] if lines else "no output"
 
     def _wait_prompt(self, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         with self._cond:
             while "".join(self._out).count("testpmd>") < count:
                 if self.proc and self.proc.poll() is not None:
-                    raise RuntimeError(f"testpmd exited rc={self.proc.returncode}: "
-                                       f"{''.join(self._out)[-800:]}")
+                    raise RuntimeError(f"testpmd exited rc={self.proc.returncode} "
+                                       f"(log: {self.log_path}): {self._last_line()}")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RuntimeError(f"testpmd: no prompt after {timeout}s: "
-                                       f"{''.join(self._out)[-800:]}")
+                    raise RuntimeError(f"testpmd: no prompt after {timeout}s "
+                                       f"(log: {self.log_path}): {self._last_line()}")
                 self._cond.wait(min(left, 0.5))
 
     def start(self) -> "Testpmd":
         self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                     stderr=subprocess.STDOUT, bufsize=0,
                                      start_new_session=True)
         threading.Thread(target=self._reader, daemon=True).start()
         self._wait_prompt(1, 60)
         # testpmd prints the prompt without a newline: send one command at a time
         # and count prompts.
         for i, c in enumerate(self.commands):
-            self.proc.stdin.write(c + "\n")
-            self.proc.stdin.flush()
+            self.proc.stdin.write(c.encode() + b"\n")
             self._wait_prompt(i + 2, 60)
         return self
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             try:
-                self.proc.stdin.write("stop\nquit\n")
-                self.proc.stdin.flush()
+                self.proc.stdin.write(b"stop\nquit\n")
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired, ValueError):
                 self.proc.terminate()
@@ -199,12 +210,13 @@ class Setup:
     """Brings up one backend in one topology; ``guests`` booted, ``host_ip`` and
     ``guest_ips`` known, ``commands`` the exact command lines used."""
 
-    def __init__(self, backend: str, topo: str, work: Path):
-        self.backend, self.topo, self.work = backend, topo, work
+    def __init__(self, backend: str, topo: str, work: Path, logs: Path):
+        self.backend, self.topo, self.work, self.logs = backend, topo, work, logs
         self.guests: list[G.Guest] = []
         self.guest_ips: list[str] = []
         self.host_ip: str | None = None
         self.commands: dict = {}
+        self.gsonet: G.Gsonet | None = None
         self._cleanup: list = []
 
     def _guest(self, name: str, netdev: list[str], ip: str) -> G.Guest:
@@ -236,6 +248,7 @@ class Setup:
             self._cleanup.append(lambda: G.delete_link(tap))
             self._cleanup.append(gs.stop)
             gs.start()
+            self.gsonet = gs
             self.commands["gsonet"] = " ".join(gs.cmdline())
             if self.topo == "host":
                 G.set_addr(tap, f"{net}.1/24")
@@ -265,12 +278,12 @@ class Setup:
             if self.topo == "host":
                 tap = f"gsbd{tag}"
                 vdevs = [f"net_vhost0,iface={socks[0]},tso=1", f"net_tap0,iface={tap}"]
-                tp = Testpmd(vdevs, TESTPMD_HOST_CMDS, self.work, f"{self.topo}{n}")
+                tp = Testpmd(vdevs, TESTPMD_HOST_CMDS, self.logs, f"{self.topo}{n}")
                 self._cleanup.append(lambda: G.delete_link(tap))
             else:
                 vdevs = [f"net_vhost{i},iface={s},tso=1,legacy-ol-flags=1"
                          for i, s in enumerate(socks)]
-                tp = Testpmd(vdevs, TESTPMD_G2G_CMDS, self.work, f"{self.topo}{n}")
+                tp = Testpmd(vdevs, TESTPMD_G2G_CMDS, self.logs, f"{self.topo}{n}")
             self._cleanup.append(tp.stop)
             tp.start()
             self.commands["testpmd"] = tp.command_record()
@@ -336,7 +349,7 @@ def run(args) -> dict:
                 log(f"round {r + 1}/{args.repeats}: {backend} {topo}")
                 with tempfile.TemporaryDirectory(prefix="gsonet-bench-") as tmp:
                     try:
-                        with Setup(backend, topo, Path(tmp)) as s:
+                        with Setup(backend, topo, Path(tmp), args.out) as s:
                             res["commands"][f"{backend}|{topo}"] = s.commands
                             for on in (True, False):
                                 s.set_offloads(on)
@@ -347,11 +360,19 @@ def run(args) -> dict:
                                         res["runs"].setdefault(k, []).append(gbps)
                                         log(f"  {k}: {gbps:.2f} Gbit/s")
                                     except Exception as e:  # noqa: BLE001
-                                        res["errors"][k] = f"{type(e).__name__}: {str(e)[:300]}"
+                                        res["errors"][k] = (f"{type(e).__name__}: "
+                                                            f"{' '.join(str(e).split())[:300]}")
                                         log(f"  {k}: n/a ({res['errors'][k]})")
                                     time.sleep(0.5)
+                            if s.gsonet is not None:
+                                # drops and GSO counters explain a surprising number
+                                try:
+                                    res.setdefault("gsonet_stats", {})[f"{topo}|round{r + 1}"] = \
+                                        s.gsonet.stats()
+                                except Exception:  # noqa: BLE001
+                                    pass
                     except Exception as e:  # noqa: BLE001 - one backend never stops the others
-                        why = f"{type(e).__name__}: {str(e).strip()[:300]}"
+                        why = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
                         log(f"  {backend} {topo}: setup failed: {why}")
                         if args.verbose:
                             traceback.print_exc()
@@ -480,6 +501,7 @@ def main() -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "results" / f"bench-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
+    args.out = out
 
     t0 = time.monotonic()
     res = run(args)
@@ -505,7 +527,8 @@ def main() -> int:
     }
     (out / "results.json").write_text(json.dumps(
         {"meta": meta, "rows": rows, "runs": res["runs"], "errors": res["errors"],
-         "commands": res["commands"]}, indent=2) + "\n")
+         "commands": res["commands"], "gsonet_stats": res.get("gsonet_stats", {})},
+        indent=2) + "\n")
     (out / "table.md").write_text(table + "\n")
     print(f"\niperf3 TCP, {args.seconds:g} s per test, median of {args.repeats}; "
           f"ratio = backend / QEMU built-in, same run\n")
