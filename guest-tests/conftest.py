@@ -45,6 +45,11 @@ def record_measurement():
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not MEASUREMENTS:
         return
+    # gsonet next to QEMU's built-in tap from the same run (test_baseline.py)
+    for key in ("guest_to_host_gbps", "host_to_guest_gbps"):
+        g, t = MEASUREMENTS.get(f"gsonet.{key}"), MEASUREMENTS.get(f"qemu_tap.{key}")
+        if g and t:
+            MEASUREMENTS[f"ratio.gsonet_vs_qemu_tap.{key[:-5]}"] = g / t
     terminalreporter.section("guest measurements")
     for k, v in MEASUREMENTS.items():
         terminalreporter.write_line(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")

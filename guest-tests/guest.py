@@ -981,29 +981,27 @@ def transfer_guest_to_guest(src: Guest, dst: Guest, dst_ip: str, mib: int = 32,
     spath, dpath = "/tmp/g2g.out", "/tmp/g2g.in"
     src.run_ok(f"head -c {mib * 1048576} /dev/urandom > {spath}", timeout=timeout)
     smd5 = _guest_md5(src, spath, timeout)
-    dst.run(f"rm -f {dpath}")
-    # busybox nc's listening side quits early when its stdin is at EOF (the console
-    # runs commands with </dev/null), and a bare background nc can take the
-    # console shell down with it: run it in a subshell with a stdin that stays open.
-    dst.run_ok(f"( sleep 3600 | nc -l -p {port} > {dpath} 2>/dev/null ) & "
-               "echo $! > /tmp/g2g.pid")
-    for _ in range(50):
+    dst.run(f"rm -f {dpath} {dpath}.done")
+    # The listener runs in its own session (setsid), not as a job of the console
+    # shell. busybox nc exits as soon as the peer half-closes, so its stdin must
+    # stay open (a pipe from sleep), or the sender would quit mid-file.
+    dst.run_ok(f"setsid sh -c 'sleep 3600 | {{ nc -l -p {port} > {dpath}; touch {dpath}.done; }}'"
+               " >/dev/null 2>&1")
+    for _ in range(100):
         rc, _ = dst.run(f"netstat -ltn | grep -q ':{port} '")
         if rc == 0:
             break
         time.sleep(0.1)
     t0 = time.monotonic()
     src.run_ok(f"nc {dst_ip} {port} < {spath}", timeout=timeout)
-    # done when every byte is in or the listener has gone
-    want = mib * 1048576
-    dst.run_ok(f"i=0; while [ $i -lt 600 ] && [ $(wc -c < {dpath}) -lt {want} ] && "
-               "ps | grep -q '[n]c -l'; do usleep 100000; i=$((i+1)); done; "
-               "kill $(cat /tmp/g2g.pid) 2>/dev/null; killall nc sleep 2>/dev/null; true",
-               timeout=90)
+    # the listener exits when the sender closes
+    dst.run_ok(f"i=0; while [ ! -e {dpath}.done ] && [ $i -lt 300 ]; do usleep 100000;"
+               f" i=$((i+1)); done; killall sleep 2>/dev/null; [ -e {dpath}.done ]",
+               timeout=60)
     secs = time.monotonic() - t0
     dmd5 = _guest_md5(dst, dpath, timeout)
     size = int(dst.run_ok(f"wc -c < {dpath}").strip())
     src.run(f"rm -f {spath}")
-    dst.run(f"rm -f {dpath} /tmp/g2g.pid")
+    dst.run(f"rm -f {dpath} {dpath}.done")
     return {"ok": smd5 == dmd5 and size == mib * 1048576,
             "src_md5": smd5, "dst_md5": dmd5, "bytes": size, "seconds": secs}

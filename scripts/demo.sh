@@ -14,9 +14,8 @@ SECS="${SECONDS_PER_RUN:-3}"
 REPEATS="${REPEATS:-1}"
 DEMO_DIR=/tmp/gsonet-demo
 SOCK="$DEMO_DIR/vm1.sock"
-UPLINK=gsonet0
-HOST_IP=10.77.0.1
-GUEST_IP=10.77.0.2
+CONTROL="$DEMO_DIR/control.sock"
+UPLINK="${UPLINK:-gsonet0}"
 say() { printf '\n[demo] %s\n' "$*"; }
 
 if [ "$(id -u)" != 0 ]; then echo "demo.sh must run as root (taps, QEMU networking)" >&2; exit 1; fi
@@ -33,10 +32,12 @@ fi
 GSONET="${GSONET_BIN:-$ROOT/target/release/gsonet}"
 [ -x "$GSONET" ] || { echo "missing $GSONET" >&2; exit 1; }
 
-# The demo subnet must be ours alone.
-if ip -o -4 addr show | grep -q " 10\.77\.0\."; then
-    echo "10.77.0.0/24 is already configured on this host:" >&2
-    ip -o -4 addr show | grep " 10\.77\.0\." >&2
+# The demo subnet must be ours alone: the first 10.77.N.0/24 no interface uses.
+NET="$(cd "$ROOT/guest-tests" && python3 -c 'import guest; print(guest.alloc_subnet())')"
+HOST_IP="10.77.$NET.1"
+GUEST_IP="10.77.$NET.2"
+if [ -e "/sys/class/net/$UPLINK" ]; then
+    echo "$UPLINK already exists; set UPLINK=NAME to use another tap name" >&2
     exit 1
 fi
 
@@ -49,12 +50,12 @@ cleanup() {
         kill "$GSONET_PID" 2>/dev/null || true
         wait "$GSONET_PID" 2>/dev/null || true
     fi
-    rm -f "$SOCK"
+    rm -f "$SOCK" "$CONTROL"
 }
 trap cleanup EXIT
 
 say "starting: gsonet serve --port socket=$SOCK --uplink tap=$UPLINK (log: $LOG)"
-"$GSONET" serve --port "socket=$SOCK" --uplink "tap=$UPLINK" >"$LOG" 2>&1 &
+"$GSONET" serve --port "socket=$SOCK" --uplink "tap=$UPLINK" --control "$CONTROL" >"$LOG" 2>&1 &
 GSONET_PID=$!
 for _ in $(seq 1 100); do
     [ -S "$SOCK" ] && [ -e "/sys/class/net/$UPLINK" ] && break
@@ -70,10 +71,8 @@ say "guest on gsonet (vhost-user), iperf3 ${SECS}s x $REPEATS each way"
 GSONET_JSON="$("$ROOT/scripts/measure_vhost_user.py" "$SOCK" --host-ip "$HOST_IP" \
     --guest-ip "$GUEST_IP" --seconds "$SECS" --repeats "$REPEATS" --label gsonet --json)"
 echo "$GSONET_JSON"
-if "$GSONET" stats --help >/dev/null 2>&1; then
-    say "gsonet stats"
-    "$GSONET" stats 2>&1 || true
-fi
+say "gsonet stats (GSO frames passed intact, largest frame from the guest)"
+"$GSONET" stats --control "$CONTROL" 2>&1 || true
 cleanup
 GSONET_PID=
 
@@ -96,6 +95,6 @@ for r in rows:
           f"{r['boot_seconds']:>5.1f} s")
 if len(rows) == 2 and rows[1]:
     g, t = rows
-    print(f"{'ratio':<12} {g['guest_to_host_gbps']/t['guest_to_host_gbps']:>11.2f} x  "
+    print(f"{'gsonet/tap':<12} {g['guest_to_host_gbps']/t['guest_to_host_gbps']:>11.2f} x  "
           f"{g['host_to_guest_gbps']/t['host_to_guest_gbps']:>11.2f} x")
 PY

@@ -132,6 +132,8 @@ impl PortConfig {
 pub enum UplinkKind {
     /// A tap device gsonet creates (or attaches to).
     Tap(String),
+    /// An existing interface, through an AF_PACKET socket; `bypass`: PACKET_QDISC_BYPASS.
+    Dev { name: String, bypass: bool },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,15 +173,9 @@ fn on_off(what: &'static str, key: &str, v: &str) -> Result<bool, ConfigError> {
     }
 }
 
-fn number<T: std::str::FromStr>(
-    what: &'static str,
-    key: &str,
-    v: &str,
-    lo: T,
-    hi: T,
-) -> Result<T, ConfigError>
+fn number<T>(what: &'static str, key: &str, v: &str, lo: T, hi: T) -> Result<T, ConfigError>
 where
-    T: PartialOrd + fmt::Display + Copy,
+    T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
 {
     let n: T = v
         .parse()
@@ -242,9 +238,10 @@ impl PortConfig {
 }
 
 impl UplinkConfig {
-    pub const KEYS: &'static str = "tap, queues, gso (pass|software), max_burst";
+    pub const KEYS: &'static str =
+        "tap or dev, queues, gso (pass|software), max_burst, bypass (dev only, on|off)";
 
-    /// Parses `tap=NAME[,queues=N][,gso=pass|software][,max_burst=N]`.
+    /// Parses `tap=NAME|dev=IFNAME[,queues=N][,gso=pass|software][,max_burst=N][,bypass=on|off]`.
     pub fn parse(s: &str) -> Result<UplinkConfig, ConfigError> {
         Self::from_pairs(pairs(s))
     }
@@ -258,17 +255,29 @@ impl UplinkConfig {
             gso: GsoMode::Pass,
             max_burst: None,
         };
+        let mut bypass = None;
         for (k, v) in kv {
             match k.as_str() {
-                "tap" => {
+                "tap" | "dev" => {
                     if v.is_empty() || v.len() > 15 {
                         return Err(bad(W, &k, &v, "an interface name is 1 to 15 bytes"));
                     }
-                    kind = Some(UplinkKind::Tap(v));
+                    if kind.is_some() {
+                        return Err(bad(W, &k, &v, "an uplink is one tap= or one dev="));
+                    }
+                    kind = Some(if k == "tap" {
+                        UplinkKind::Tap(v)
+                    } else {
+                        UplinkKind::Dev {
+                            name: v,
+                            bypass: false,
+                        }
+                    });
                 }
                 "queues" => c.queues = number(W, &k, &v, 1, MAX_QUEUE_PAIRS)?,
                 "gso" => c.gso = v.parse().map_err(|e| bad(W, &k, &v, e))?,
                 "max_burst" => c.max_burst = Some(number(W, &k, &v, 68, 65535)?),
+                "bypass" => bypass = Some((on_off(W, &k, &v)?, v)),
                 _ => {
                     return Err(ConfigError::UnknownKey {
                         what: W,
@@ -280,8 +289,21 @@ impl UplinkConfig {
         }
         c.kind = kind.ok_or(ConfigError::Missing {
             what: W,
-            key: "tap",
+            key: "tap or dev",
         })?;
+        if let Some((on, v)) = bypass {
+            match &mut c.kind {
+                UplinkKind::Dev { bypass, .. } => *bypass = on,
+                UplinkKind::Tap(_) => {
+                    return Err(bad(
+                        W,
+                        "bypass",
+                        &v,
+                        "only a dev= uplink has a qdisc to bypass",
+                    ))
+                }
+            }
+        }
         Ok(c)
     }
 }
@@ -437,6 +459,41 @@ mod tests {
         assert!(UplinkConfig::parse("gso=pass").is_err());
         assert!(UplinkConfig::parse("tap=a-name-that-is-too-long").is_err());
         assert!(UplinkConfig::parse("tap=x,gso=fast").is_err());
+    }
+
+    #[test]
+    fn dev_uplink_string() {
+        let u = UplinkConfig::parse("dev=eth1,gso=software,max_burst=1400,bypass=on").unwrap();
+        assert_eq!(
+            u.kind,
+            UplinkKind::Dev {
+                name: "eth1".into(),
+                bypass: true
+            }
+        );
+        assert_eq!((u.gso, u.max_burst), (GsoMode::Software, Some(1400)));
+        let u = UplinkConfig::parse("dev=veth0").unwrap();
+        assert_eq!(
+            u.kind,
+            UplinkKind::Dev {
+                name: "veth0".into(),
+                bypass: false
+            }
+        );
+        assert_eq!(u.gso, GsoMode::Pass);
+        assert!(UplinkConfig::parse("tap=gs0,bypass=on").is_err());
+        assert!(UplinkConfig::parse("dev=eth0,bypass=maybe").is_err());
+        assert!(UplinkConfig::parse("dev=eth0,tap=gs0").is_err());
+        assert!(UplinkConfig::parse("dev=").is_err());
+        let c = Config::from_toml("[[uplink]]\ndev = 'eth2'\nbypass = true\nqueues = 2").unwrap();
+        assert_eq!(
+            c.uplinks[0].kind,
+            UplinkKind::Dev {
+                name: "eth2".into(),
+                bypass: true
+            }
+        );
+        assert_eq!(c.uplinks[0].queues, 2);
     }
 
     #[test]

@@ -29,6 +29,7 @@ enum Cmd {
     #[command(after_help = "Examples:\n  \
 gsonet serve --port socket=/run/gsonet/vm1.sock --port socket=/run/gsonet/vm2.sock --uplink tap=gsonet0\n  \
 gsonet serve --port socket=/tmp/vm1.sock,queues=2,tso=off --uplink tap=gs0,gso=software\n  \
+gsonet serve --port socket=/run/gsonet/vm1.sock --uplink dev=eth1,queues=2,bypass=on\n  \
 gsonet serve --config /etc/gsonet.toml\n\n\
 Attach a guest (its RAM must be shared):\n  \
 qemu-system-x86_64 ... -object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \\\n    \
@@ -42,9 +43,17 @@ Logging: RUST_LOG=gsonet=debug")]
         /// with server=on. Repeat for more guests.
         #[arg(long = "port", value_name = "SPEC")]
         ports: Vec<String>,
-        /// An uplink: tap=NAME[,queues=N][,gso=pass|software][,max_burst=N].
-        /// gsonet creates the tap (needs root) and brings it up; assign it an address yourself.
-        /// gso=pass hands GSO frames to the kernel intact; gso=software segments them first.
+        /// An uplink: tap=NAME or dev=IFNAME, then [,queues=N][,gso=pass|software][,max_burst=N]
+        /// (dev also [,bypass=on|off]). Needs root.
+        /// tap=NAME: gsonet creates the tap and brings it up; assign it an address yourself.
+        /// dev=IFNAME: an existing interface (a NIC, a veth, a bond) through AF_PACKET sockets
+        /// with vnet headers; gsonet puts it in promiscuous mode so the guests' frames arrive,
+        /// and does not bring it up. queues=N opens N sockets in one fanout group.
+        /// bypass=on sets PACKET_QDISC_BYPASS: our frames skip the device's qdisc (no tc
+        /// shaping, no queueing: less CPU per frame, but frames are dropped, not queued, when
+        /// the driver's TX ring is full). Default off.
+        /// gso=pass hands GSO frames to the kernel intact (it or the NIC segments them);
+        /// gso=software segments them in gsonet first.
         #[arg(long = "uplink", value_name = "SPEC")]
         uplinks: Vec<String>,
         /// A TOML file with [[port]] and [[uplink]] tables (same keys as above), `control`

@@ -3,6 +3,7 @@
 
 pub mod control;
 pub mod deliver;
+pub mod packet;
 pub mod port;
 pub mod relay;
 pub mod stats;
@@ -29,7 +30,7 @@ use crate::config::{Config, UplinkKind};
 use crate::ring::GuestMem;
 use port::{Port, PortBackend};
 use switch::Switch;
-use uplink::{TapUplink, Uplink};
+use uplink::{PacketUplink, TapUplink, Uplink};
 
 #[derive(Debug, Error)]
 pub enum DaemonError {
@@ -39,6 +40,8 @@ pub enum DaemonError {
     Listen { path: String, err: String },
     #[error(transparent)]
     Tap(#[from] tap::TapError),
+    #[error(transparent)]
+    Packet(#[from] packet::PacketError),
     #[error("control socket {path}: {err}")]
     Control { path: String, err: io::Error },
     #[error("cannot start thread: {0}")]
@@ -114,8 +117,21 @@ fn serve_port(port: Arc<Port>, switch: Arc<Switch>, listener: Option<UnixListene
             let backend =
                 PortBackend::new(port.clone(), switch.clone()).map_err(|e| e.to_string())?;
             let mem = GuestMemoryAtomic::new(GuestMem::default());
-            let mut daemon = VhostUserDaemon::new(format!("gsonet-{}", port.id), backend, mem)
+            let mut daemon =
+                VhostUserDaemon::new(format!("gsonet-{}", port.id), backend.clone(), mem)
+                    .map_err(|e| e.to_string())?;
+            backend
+                .introduce_workers(&daemon.get_epoll_handlers())
                 .map_err(|e| e.to_string())?;
+            // Serve the guest only once the workers have handed over the RX vrings, so
+            // that frames for it never find the port without a queue.
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            while !port.rx_known() && std::time::Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(1));
+            }
+            if !port.rx_known() {
+                warn!(port = %name, "queue workers slow to start; RX may drop at first");
+            }
             let (mut inner, addr) = inner_listener(&port).map_err(|e| e.to_string())?;
             let back = UnixStream::connect_addr(&addr).map_err(|e| e.to_string())?;
             relay::spawn(front, back, name.clone()).map_err(|e| e.to_string())?;
@@ -132,6 +148,12 @@ fn serve_port(port: Arc<Port>, switch: Arc<Switch>, listener: Option<UnixListene
         };
         info!(port = %name, "frontend connected");
         let r = daemon.wait();
+        // Stop this connection's queue workers before forgetting the guest: the
+        // daemon holds the last reference to its handler, whose drop joins them. A
+        // worker still running could otherwise handle one more kick and put this
+        // connection's RX vring back into the port after the cleanup, where the next
+        // guest would inherit it.
+        drop(daemon);
         port.set_connected(false);
         switch.port_down(port.id);
         match r {
@@ -153,6 +175,9 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
     for u in &cfg.uplinks {
         match &u.kind {
             UplinkKind::Tap(name) => uplinks.push(Arc::new(TapUplink::open(u, name)?)),
+            UplinkKind::Dev { name, bypass } => {
+                uplinks.push(Arc::new(PacketUplink::open(u, name, *bypass)?))
+            }
         }
     }
     // Listen on every socket before anything runs, so a bad path fails start-up.

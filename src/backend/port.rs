@@ -7,6 +7,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use std::os::fd::AsRawFd;
 use tracing::{debug, info, warn};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
@@ -16,6 +17,7 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::deliver::{DeliverCtx, Frame};
 use super::stats::Counters;
@@ -124,6 +126,13 @@ impl Port {
         }
     }
 
+    /// Whether every RX queue's vring is known (see `PortBackend::introduce_workers`).
+    pub fn rx_known(&self) -> bool {
+        self.rx
+            .iter()
+            .all(|s| s.lock().map(|s| s.vring.is_some()).unwrap_or(false))
+    }
+
     fn remember_rx(&self, pair: usize, vring: &Vring) {
         if let Some(slot) = self.rx.get(pair) {
             if let Ok(mut s) = slot.lock() {
@@ -189,6 +198,14 @@ pub struct PortBackend {
     port: Arc<Port>,
     switch: Arc<Switch>,
     exits: Arc<Vec<(EventConsumer, EventNotifier)>>,
+    /// One per worker: signalled once at start so each worker hands its vrings to the
+    /// port before the guest kicks anything (see `introduce_workers`).
+    hellos: Arc<Vec<EventFd>>,
+}
+
+/// Listener id of the start-up event, past the queue and exit ids.
+fn hello_id(queue_pairs: usize) -> u64 {
+    queue_pairs as u64 * 2 + 1
 }
 
 impl PortBackend {
@@ -196,11 +213,35 @@ impl PortBackend {
         let exits = (0..port.queue_pairs())
             .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
+        let hellos = (0..port.queue_pairs())
+            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .collect::<io::Result<Vec<_>>>()?;
         Ok(PortBackend {
             port,
             switch,
             exits: Arc::new(exits),
+            hellos: Arc::new(hellos),
         })
+    }
+
+    /// Has every worker run once, so the port knows its RX vrings from the start.
+    /// Without it the port learns a vring at the worker's first kick, and frames for
+    /// the guest that arrive before that (a flood right after the guest posted its
+    /// buffers) are lost for want of a queue. `handlers` are the daemon's epoll
+    /// handlers, one per worker.
+    pub fn introduce_workers<T>(
+        &self,
+        handlers: &[Arc<vhost_user_backend::VringEpollHandler<T>>],
+    ) -> io::Result<()>
+    where
+        T: VhostUserBackend,
+    {
+        let id = hello_id(self.port.queue_pairs());
+        for (h, fd) in handlers.iter().zip(self.hellos.iter()) {
+            h.register_listener(fd.as_raw_fd(), EventSet::IN, id)?;
+            fd.write(1)?;
+        }
+        Ok(())
     }
 
     pub fn port(&self) -> &Arc<Port> {
@@ -376,6 +417,13 @@ impl VhostUserBackend for PortBackend {
                 Some(txq) => self.process_tx(pair, txq),
                 None => Ok(()),
             },
+            e if e as u64 == hello_id(self.port.queue_pairs()) => {
+                // The vrings are remembered above; consume the event.
+                if let Some(fd) = self.hellos.get(pair) {
+                    let _ = fd.read();
+                }
+                Ok(())
+            }
             _ => Ok(()),
         }
     }

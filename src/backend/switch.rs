@@ -179,6 +179,9 @@ impl Switch {
             Some(dst) if dst == src => None,
             Some(dst) => self.deliver_to(dst, queue, frame, ctx),
             None => {
+                // A flooded frame is never retried (the caller gets no Path back), so a
+                // full RX queue loses it here and must count it.
+                let defer = std::mem::replace(&mut ctx.defer_full, false);
                 for i in 0..self.ports.len() {
                     let e = Endpoint::Port(i);
                     if e != src && self.ports[i].is_connected() {
@@ -191,6 +194,7 @@ impl Switch {
                         self.deliver_to(e, queue, frame, ctx);
                     }
                 }
+                ctx.defer_full = defer;
                 None
             }
         }

@@ -11,6 +11,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use thiserror::Error;
 use tracing::{debug, warn};
 
+use super::uplink::{writev, UplinkDevice};
 use crate::features::Caps;
 use crate::vnet_hdr::HDR_LEN;
 
@@ -231,20 +232,7 @@ impl Tap {
 
     /// Writes one frame (vnet header first) with a single writev.
     pub fn write(&self, queue: usize, iov: &[&[u8]]) -> io::Result<usize> {
-        let iovs: Vec<libc::iovec> = iov
-            .iter()
-            .map(|s| libc::iovec {
-                iov_base: s.as_ptr() as *mut libc::c_void,
-                iov_len: s.len(),
-            })
-            .collect();
-        // SAFETY: every iovec points into a live slice for the duration of the call.
-        let n = unsafe { libc::writev(self.fd(queue), iovs.as_ptr(), iovs.len() as libc::c_int) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
+        writev(self.fd(queue), iov)
     }
 
     /// Reads one frame (vnet header first); WouldBlock when the queue is empty.
@@ -262,6 +250,40 @@ impl Tap {
         } else {
             Ok(n as usize)
         }
+    }
+}
+
+impl UplinkDevice for Tap {
+    fn name(&self) -> String {
+        format!("tap={}", self.name)
+    }
+
+    fn thread_prefix(&self) -> &'static str {
+        "tap"
+    }
+
+    fn queues(&self) -> usize {
+        self.queues.len()
+    }
+
+    fn fd(&self, queue: usize) -> RawFd {
+        Tap::fd(self, queue)
+    }
+
+    fn hdr_len(&self) -> usize {
+        HDR_LEN
+    }
+
+    fn recv(&self, queue: usize, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        self.read(queue, buf).map(Some)
+    }
+
+    fn send(&self, queue: usize, iov: &[&[u8]]) -> io::Result<usize> {
+        self.write(queue, iov)
+    }
+
+    fn set_offload(&self, caps: Caps) -> Result<Caps, String> {
+        Tap::set_offload(self, caps).map_err(|e| e.to_string())
     }
 }
 

@@ -4,18 +4,22 @@
 use super::csum::{self, Checksum};
 use super::parse::{Headers, L3};
 
+#[inline]
 pub(crate) fn be16(b: &[u8], i: usize) -> u16 {
     u16::from_be_bytes([b[i], b[i + 1]])
 }
 
+#[inline]
 pub(crate) fn be32(b: &[u8], i: usize) -> u32 {
     u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
+#[inline]
 pub(crate) fn put16(b: &mut [u8], i: usize, v: u16) {
     b[i..i + 2].copy_from_slice(&v.to_be_bytes());
 }
 
+#[inline]
 pub(crate) fn put32(b: &mut [u8], i: usize, v: u32) {
     b[i..i + 4].copy_from_slice(&v.to_be_bytes());
 }
@@ -27,6 +31,7 @@ pub(crate) const IPV4_MF: u16 = 0x2000;
 /// header + everything after it) is `l3_total` bytes. IPv4 also gets `id`, an optional
 /// new fragment field, and a fresh header checksum. The caller guarantees
 /// `l3_total <= 0xffff` (IPv4) / `l3_total - 40 <= 0xffff` (IPv6).
+#[inline]
 pub(crate) fn set_l3(hdr: &mut [u8], h: &Headers, l3_total: usize, id: u16, frag: Option<u16>) {
     let o = h.l3_off;
     match h.l3 {
@@ -44,8 +49,41 @@ pub(crate) fn set_l3(hdr: &mut [u8], h: &Headers, l3_total: usize, id: u16, frag
     }
 }
 
+/// The IPv4 header sum without the fields a segment changes (total length, ID,
+/// checksum), taken once from the template so that per-segment checksums never
+/// re-read freshly written bytes (a store-forwarding stall per segment otherwise).
+#[inline]
+pub(crate) fn ipv4_base(tmpl: &[u8], h: &Headers) -> Checksum {
+    let o = h.l3_off;
+    let mut c = Checksum::new();
+    if h.l3 == L3::Ipv4 {
+        c.add_bytes(&tmpl[o..o + 2]);
+        c.add_bytes(&tmpl[o + 6..o + 10]);
+        c.add_bytes(&tmpl[o + 12..o + h.l3_len]);
+    }
+    c
+}
+
+/// `set_l3` for TCP/USO segments: the IPv4 checksum from `base` (see `ipv4_base`).
+#[inline]
+pub(crate) fn set_l3_fast(hdr: &mut [u8], h: &Headers, base: &Checksum, l3_total: usize, id: u16) {
+    let o = h.l3_off;
+    match h.l3 {
+        L3::Ipv4 => {
+            let mut c = *base;
+            c.add_u16(l3_total as u16);
+            c.add_u16(id);
+            put16(hdr, o + 2, l3_total as u16);
+            put16(hdr, o + 4, id);
+            put16(hdr, o + 10, c.finish());
+        }
+        L3::Ipv6 => put16(hdr, o + 4, (l3_total - 40) as u16),
+    }
+}
+
 /// The pseudo-header sum for an L4 header of protocol `proto` and length `l4_len`,
 /// addresses taken from the (copied) IP header.
+#[inline]
 pub(crate) fn pseudo(hdr: &[u8], h: &Headers, proto: u8, l4_len: usize) -> Checksum {
     let o = h.l3_off;
     match h.l3 {

@@ -17,8 +17,18 @@
 //! datagrams carry NEEDS_CSUM with csum_start = L4 offset, csum_offset 16 / 6, and the
 //! pseudo-header sum in the checksum field; UFO fragments always carry a complete
 //! checksum (it spans fragments) and flags 0.
+//!
+//! Non-GSO frames: with NEEDS_CSUM in Full mode one frame comes out with the checksum
+//! completed (the bytes up to the checksum field copied into `parts[0]`); otherwise
+//! the frame passes unchanged with its own header (`parts[0]` empty). A GSO frame
+//! whose payload fits in gso_size (and the cap) comes out as one complete frame.
+//!
+//! The segmenter checks structure (headers, lengths, type/protocol match) and never
+//! panics on bad input; policy limits on guest headers (USO's 128 segments,
+//! csum_offset values, gso_size 0xffff) live in [`crate::vnet_hdr::validate`].
 
 pub mod csum;
+#[doc(hidden)]
 pub mod fuzz;
 mod ip;
 pub mod parse;
@@ -109,6 +119,8 @@ pub enum SegmentError {
     Parse(#[from] ParseError),
     #[error("gso_size is 0")]
     GsoSizeZero,
+    #[error("no segmentation asked for (gso_type NONE)")]
+    NotGso,
     #[error("gso type {gso:?} on an {found:?} frame")]
     L3Mismatch { gso: GsoKind, found: L3 },
     #[error("gso type {gso:?} on L4 protocol {proto}")]
@@ -222,7 +234,7 @@ pub(crate) fn plan(
     };
 
     match kind {
-        GsoKind::None => unreachable_plan(),
+        GsoKind::None => Err(SegmentError::NotGso),
         GsoKind::TcpV4 | GsoKind::TcpV6 | GsoKind::UdpL4 => per_segment(h.hdr_len() - h.l3_off),
         GsoKind::Udp => {
             let udp_len = h.frame_len - h.l4_off;
@@ -278,12 +290,6 @@ pub(crate) fn plan(
     }
 }
 
-#[cold]
-fn unreachable_plan() -> Result<Plan, SegmentError> {
-    // `plan` is only asked about GSO kinds; answer sensibly anyway.
-    Err(SegmentError::GsoSizeZero)
-}
-
 /// Walks a scatter list forward, handing out sub-slices.
 pub(crate) struct Cursor<'f> {
     frame: &'f [&'f [u8]],
@@ -306,6 +312,7 @@ impl<'f> Cursor<'f> {
     }
 
     /// Appends the next `n` bytes as sub-slices to `out`, adding them to `sum` if given.
+    #[inline]
     pub fn take<'x>(
         &mut self,
         n: usize,
@@ -329,6 +336,7 @@ impl<'f> Cursor<'f> {
         self.walk(n, |s| c.add_bytes(s))
     }
 
+    #[inline]
     fn walk(&mut self, mut n: usize, mut f: impl FnMut(&'f [u8])) -> bool {
         while n > 0 {
             let Some(s) = self.frame.get(self.idx) else {
@@ -351,6 +359,7 @@ impl<'f> Cursor<'f> {
 
 /// Reuses the allocation of a slice list across calls whose slices live for different
 /// lifetimes (the list is always empty in between).
+#[inline]
 fn recycle<'a, 'b>(mut v: Vec<&'a [u8]>) -> Vec<&'b [u8]> {
     v.clear();
     v.into_iter().map(|_| -> &'b [u8] { &[] }).collect()
@@ -366,16 +375,19 @@ pub(crate) struct Bufs<'s> {
 }
 
 /// An empty slice list on the recycled allocation.
+#[inline]
 pub(crate) fn take_parts<'x>(spare: &mut Vec<&'static [u8]>) -> Vec<&'x [u8]> {
     recycle(std::mem::take(spare))
 }
 
 /// Returns a slice list's allocation for the next segment.
+#[inline]
 pub(crate) fn give_back(spare: &mut Vec<&'static [u8]>, parts: Vec<&[u8]>) {
     *spare = recycle(parts);
 }
 
 /// Emits one segment, counts it; false means stop.
+#[inline]
 pub(crate) fn send<F>(
     emit: &mut F,
     vnet: VirtioNetHdr,
@@ -395,6 +407,7 @@ where
 }
 
 /// The vnet header of a segment whose L4 checksum is left partial.
+#[inline]
 pub(crate) fn partial_vnet(csum_start: usize, csum_offset: u16) -> VirtioNetHdr {
     VirtioNetHdr {
         flags: F_NEEDS_CSUM,
@@ -489,6 +502,33 @@ impl Segmenter {
         }
         Ok(out)
     }
+}
+
+/// The value to store at `csum_start + csum_offset` to complete a partial checksum
+/// (NEEDS_CSUM): the one's-complement sum from `csum_start` to the end of the frame,
+/// the field's current content (the pseudo-header sum) included, inverted; a result
+/// of 0 becomes 0xffff when the field is a UDP checksum (`csum_offset` 6).
+pub fn complete_csum(
+    frame: &[&[u8]],
+    csum_start: u16,
+    csum_offset: u16,
+) -> Result<u16, SegmentError> {
+    let frame_len = parse::frame_len(frame);
+    let (start, offset) = (usize::from(csum_start), usize::from(csum_offset));
+    if start + offset + 2 > frame_len {
+        return Err(SegmentError::CsumOutOfFrame {
+            start,
+            offset,
+            frame_len,
+        });
+    }
+    let mut cur = Cursor::new(frame);
+    let mut c = Checksum::new();
+    if !cur.skip(start) || !cur.sum(frame_len - start, &mut c) {
+        return Err(truncated(frame_len, frame_len));
+    }
+    let v = c.finish();
+    Ok(if v == 0 && offset == 6 { 0xffff } else { v })
 }
 
 /// Non-GSO frames: complete a pending checksum (Full) or pass the frame unchanged.

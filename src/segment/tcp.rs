@@ -2,7 +2,7 @@
 //! edits in one place (after Linux `tcp_gso_segment`).
 
 use super::csum::Checksum;
-use super::ip::{be16, be32, pseudo, put16, put32, set_l3};
+use super::ip::{be16, be32, ipv4_base, pseudo, put16, put32, set_l3_fast};
 use super::parse::{Headers, IPPROTO_TCP, L3};
 use super::{
     give_back, partial_vnet, send, take_parts, truncated, Bufs, CsumMode, Cursor, Plan, Segment,
@@ -44,6 +44,15 @@ where
         L3::Ipv6 => 0,
     };
     let full = mode == CsumMode::Full;
+    let ip_base = ipv4_base(b.tmpl, h);
+    let addrs = pseudo(b.tmpl, h, IPPROTO_TCP, 0);
+    // The TCP header sum without sequence number, flags and checksum (see ipv4_base).
+    let mut tcp_base = Checksum::new();
+    tcp_base.add_bytes(&b.tmpl[l4..l4 + 4]);
+    tcp_base.add_bytes(&b.tmpl[l4 + 8..l4 + 12]);
+    tcp_base.add_u16(u16::from(b.tmpl[l4 + 12]) << 8);
+    tcp_base.add_bytes(&b.tmpl[l4 + 14..l4 + 16]);
+    tcp_base.add_bytes(&b.tmpl[l4 + 18..hl]);
 
     for i in 0..p.segments {
         let start = i * p.mss;
@@ -59,12 +68,12 @@ where
         b.hdr.clear();
         b.hdr.extend_from_slice(&b.tmpl[..hl]);
         let hdr = &mut b.hdr[..];
-        set_l3(
+        set_l3_fast(
             hdr,
             h,
+            &ip_base,
             hl - h.l3_off + len,
             id0.wrapping_add(i as u16),
-            None,
         );
         put32(hdr, l4 + 4, seq0.wrapping_add(start as u32));
         let mut flags = flags0;
@@ -76,9 +85,14 @@ where
         }
         hdr[l4 + 13] = flags;
         put16(hdr, l4 + 16, 0);
-        let mut c = pseudo(hdr, h, IPPROTO_TCP, h.l4_len + len);
+        // Pseudo-header: addresses and protocol summed once, the length per segment.
+        let mut c = addrs;
+        c.add_u32((h.l4_len + len) as u32);
         let vnet = if full {
-            c.add_bytes(&hdr[l4..hl]);
+            let seq = seq0.wrapping_add(start as u32);
+            c.combine(&tcp_base);
+            c.add_u32(seq);
+            c.add_u16(u16::from(flags));
             c.combine(&data);
             put16(hdr, l4 + 16, c.finish());
             VirtioNetHdr::default()

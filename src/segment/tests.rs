@@ -429,3 +429,22 @@ fn slice_list_allocation_is_reused() {
         .unwrap();
     assert_eq!(s.spare.capacity(), cap);
 }
+
+#[test]
+fn complete_csum_matches_the_plain_path() {
+    let s = FrameSpec {
+        payload: pattern(999),
+        ..FrameSpec::default()
+    };
+    let (f, l4) = build(&s);
+    let mut hdr = gso_hdr(GsoKind::None, 0, l4, true);
+    hdr.gso = GsoType::NONE;
+    let (_, segs) = run(&hdr, &[&f], &SegmentOpts::default()).unwrap();
+    let done = &segs[0].1;
+    let v = complete_csum(&split(&f, &[3, 50, 51, 700]), l4 as u16, 16).unwrap();
+    assert_eq!(v.to_be_bytes(), [done[l4 + 16], done[l4 + 17]]);
+    assert!(matches!(
+        complete_csum(&[&f], f.len() as u16, 0),
+        Err(SegmentError::CsumOutOfFrame { .. })
+    ));
+}

@@ -52,7 +52,7 @@ pub fn tcp_timestamps() -> Vec<u8> {
 }
 
 fn pad4(mut v: Vec<u8>) -> Vec<u8> {
-    while v.len() % 4 != 0 {
+    while !v.len().is_multiple_of(4) {
         v.push(0);
     }
     v
@@ -179,12 +179,16 @@ pub fn split<'a>(f: &'a [u8], points: &[usize]) -> Vec<&'a [u8]> {
     out
 }
 
+/// One emitted segment, copied out.
+pub type Out = (VirtioNetHdr, Vec<u8>);
+
 /// Runs the segmenter and collects its output.
+#[allow(clippy::type_complexity)]
 pub fn run(
     hdr: &VirtioNetHdr,
     frame: &[&[u8]],
     opts: &SegmentOpts,
-) -> Result<(SegmentSummary, Vec<(VirtioNetHdr, Vec<u8>)>), super::SegmentError> {
+) -> Result<(SegmentSummary, Vec<Out>), super::SegmentError> {
     let mut segs = Vec::new();
     let sum = Segmenter::new().segment(hdr, frame, opts, |s: &Segment<'_>| {
         segs.push((s.vnet, s.to_vec()));

@@ -2,7 +2,9 @@
 //! and fragmentation of one large datagram (UFO: IPv4 fragments, IPv6 Fragment header).
 
 use super::csum::Checksum;
-use super::ip::{be16, ipv4_strip_uncopied_options, pseudo, put16, set_l3, IPV4_MF};
+use super::ip::{
+    be16, ipv4_base, ipv4_strip_uncopied_options, pseudo, put16, set_l3, set_l3_fast, IPV4_MF,
+};
 use super::parse::{Headers, IPPROTO_UDP, IPV6_FRAGMENT, L3, UDP_LEN};
 use super::{
     give_back, partial_vnet, send, take_parts, truncated, Bufs, CsumMode, Cursor, Plan, Segment,
@@ -48,6 +50,10 @@ where
         L3::Ipv6 => 0,
     };
     let full = mode == CsumMode::Full;
+    let ip_base = ipv4_base(b.tmpl, h);
+    let addrs = pseudo(b.tmpl, h, IPPROTO_UDP, 0);
+    let mut ports = Checksum::new();
+    ports.add_bytes(&b.tmpl[l4..l4 + 4]);
 
     for i in 0..p.segments {
         let start = i * p.mss;
@@ -63,19 +69,21 @@ where
         b.hdr.clear();
         b.hdr.extend_from_slice(&b.tmpl[..hl]);
         let hdr = &mut b.hdr[..];
-        set_l3(
+        set_l3_fast(
             hdr,
             h,
+            &ip_base,
             hl - h.l3_off + len,
             id0.wrapping_add(i as u16),
-            None,
         );
         let udp_len = UDP_LEN + len;
         put16(hdr, l4 + 4, udp_len as u16);
         put16(hdr, l4 + 6, 0);
-        let mut c = pseudo(hdr, h, IPPROTO_UDP, udp_len);
+        let mut c = addrs;
+        c.add_u32(udp_len as u32);
         let vnet = if full {
-            c.add_bytes(&hdr[l4..hl]);
+            c.combine(&ports);
+            c.add_u16(udp_len as u16);
             c.combine(&data);
             put16(hdr, l4 + 6, udp_csum(c.finish()));
             VirtioNetHdr::default()
@@ -179,7 +187,7 @@ where
                     ipv4_strip_uncopied_options(&mut b.hdr[h.l3_off + 20..unfrag]);
                 }
                 let frag = (off / 8) as u16 | if more { IPV4_MF } else { 0 };
-                set_l3(&mut b.hdr, h, unfrag - h.l3_off + len, id4, Some(frag));
+                set_l3(b.hdr, h, unfrag - h.l3_off + len, id4, Some(frag));
             }
             L3::Ipv6 => {
                 let next = b.tmpl[h.ip6_nexthdr_off];
@@ -188,7 +196,7 @@ where
                 b.hdr.extend_from_slice(&[next, 0]);
                 b.hdr.extend_from_slice(&field.to_be_bytes());
                 b.hdr.extend_from_slice(&id6.to_be_bytes());
-                set_l3(&mut b.hdr, h, unfrag + 8 - h.l3_off + len, 0, None);
+                set_l3(b.hdr, h, unfrag + 8 - h.l3_off + len, 0, None);
             }
         }
         // The first fragment starts with the rest of the headers.

@@ -1,0 +1,291 @@
+//! A real `gsonet serve` process for end-to-end tests: spawned from the binary cargo
+//! built, with unique socket paths (and tap name), killed on drop. Counters are read
+//! through `gsonet stats --json`, the same way an operator reads them.
+//!
+//! ```ignore
+//! let d = Daemon::start(&DaemonSpec::ports(2))?;          // two vhost-user ports
+//! let d = Daemon::start(&DaemonSpec::ports(1).with_tap("gso=pass"))?;
+//! let fe = TestFrontend::connect(&d.sockets[0], opts)?;
+//! let s = d.stats()?;                                       // serde_json::Value
+//! assert_eq!(port_counter(&s, 1, "gso_passed"), 1);
+//! ```
+//!
+//! Tap tests need root: call [`tun_available`] first and skip (eprintln + return)
+//! when it says no.
+
+#![allow(dead_code)]
+
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A tag unique to this test process and call: `<pid>-<n>`.
+pub fn unique_tag() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A tap name unique to this test process and call (at most 15 bytes).
+pub fn unique_tap_name() -> String {
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    format!("gse{}x{}", std::process::id() % 1_000_000, n % 1000)
+}
+
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const IFF_TAP: libc::c_short = 0x0002;
+const IFF_NO_PI: libc::c_short = 0x1000;
+
+/// Whether this process can create a tap (opens /dev/net/tun and creates a throwaway,
+/// non-persistent tap, which goes away when the fd is closed).
+pub fn tun_available() -> bool {
+    let Ok(f) = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+    else {
+        return false;
+    };
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; 16],
+        flags: libc::c_short,
+        _pad: [u8; 22],
+    }
+    let mut req = IfReq {
+        name: [0; 16],
+        flags: IFF_TAP | IFF_NO_PI,
+        _pad: [0; 22],
+    };
+    let name = unique_tap_name();
+    req.name[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: TUNSETIFF reads and writes an ifreq, which `req` is laid out as.
+    unsafe { libc::ioctl(f.as_raw_fd(), TUNSETIFF, &mut req) == 0 }
+}
+
+/// Skips the calling test (returns from it) when taps cannot be created.
+#[macro_export]
+macro_rules! require_tun {
+    () => {
+        if !$crate::common::daemon::tun_available() {
+            eprintln!("SKIPPED: cannot create a tap via /dev/net/tun (needs root / CAP_NET_ADMIN)");
+            return;
+        }
+    };
+}
+
+/// What to start.
+#[derive(Clone, Debug, Default)]
+pub struct DaemonSpec {
+    /// Extra `--port` options per port (after `socket=PATH`), e.g. `"mtu=1500"`.
+    pub ports: Vec<String>,
+    /// `Some(opts)`: one tap uplink with a unique name, `--uplink tap=NAME[,opts]`.
+    pub tap: Option<String>,
+}
+
+impl DaemonSpec {
+    pub fn ports(n: usize) -> Self {
+        DaemonSpec {
+            ports: vec![String::new(); n],
+            tap: None,
+        }
+    }
+    pub fn with_tap(mut self, opts: &str) -> Self {
+        self.tap = Some(opts.to_string());
+        self
+    }
+}
+
+/// A running `gsonet serve`.
+pub struct Daemon {
+    child: Child,
+    pub sockets: Vec<PathBuf>,
+    pub control: PathBuf,
+    pub tap: Option<String>,
+    log: PathBuf,
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_gsonet")
+}
+
+impl Daemon {
+    pub fn start(spec: &DaemonSpec) -> Result<Daemon> {
+        let tag = unique_tag();
+        let dir = std::env::temp_dir();
+        let sockets: Vec<PathBuf> = (0..spec.ports.len())
+            .map(|i| dir.join(format!("gsonet-e2e-{tag}-p{i}.sock")))
+            .collect();
+        let control = dir.join(format!("gsonet-e2e-{tag}-ctl.sock"));
+        let log = dir.join(format!("gsonet-e2e-{tag}.log"));
+        let tap = spec.tap.as_ref().map(|_| unique_tap_name());
+
+        let mut cmd = Command::new(bin());
+        cmd.arg("serve");
+        for (s, extra) in sockets.iter().zip(&spec.ports) {
+            let mut p = format!("socket={}", s.display());
+            if !extra.is_empty() {
+                p.push(',');
+                p.push_str(extra);
+            }
+            cmd.arg("--port").arg(p);
+        }
+        if let (Some(name), Some(opts)) = (&tap, &spec.tap) {
+            let mut u = format!("tap={name}");
+            if !opts.is_empty() {
+                u.push(',');
+                u.push_str(opts);
+            }
+            cmd.arg("--uplink").arg(u);
+        }
+        cmd.arg("--control").arg(&control);
+        let logf = File::create(&log).context("daemon log file")?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(logf)
+            .env(
+                "RUST_LOG",
+                std::env::var("GSONET_E2E_LOG").unwrap_or_else(|_| "gsonet=debug".into()),
+            );
+        let child = cmd.spawn().context("spawn gsonet serve")?;
+        let mut d = Daemon {
+            child,
+            sockets,
+            control,
+            tap,
+            log,
+        };
+        d.wait_ready(Duration::from_secs(10))?;
+        Ok(d)
+    }
+
+    /// Waits until the control socket answers and every port socket exists.
+    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                bail!("gsonet exited early ({st}):\n{}", self.log_text());
+            }
+            let socks = self.sockets.iter().all(|s| s.exists());
+            if socks && self.control.exists() && self.stats().is_ok() {
+                if let Some(t) = &self.tap {
+                    // Less noise from the host's own IPv6 (router solicitations, MLD).
+                    let _ =
+                        std::fs::write(format!("/proc/sys/net/ipv6/conf/{t}/disable_ipv6"), "1");
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("gsonet did not become ready:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The daemon's log so far.
+    pub fn log_text(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// `gsonet stats --json` against this daemon.
+    pub fn stats(&self) -> Result<Value> {
+        stats_json(&self.control)
+    }
+
+    /// One counter of port `port` (e.g. "gso_passed", "rx_frames").
+    pub fn port_counter(&self, port: usize, name: &str) -> Result<u64> {
+        Ok(port_counter(&self.stats()?, port, name))
+    }
+
+    /// Sum of all drop reasons on port `port`.
+    pub fn port_drops(&self, port: usize) -> Result<u64> {
+        Ok(drops_total(&self.stats()?["ports"][port]["stats"]))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- gsonet log ({}) ----\n{}",
+                self.log.display(),
+                tail(&self.log_text(), 60)
+            );
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for s in &self.sockets {
+            let _ = std::fs::remove_file(s);
+        }
+        let _ = std::fs::remove_file(&self.control);
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
+fn tail(s: &str, lines: usize) -> String {
+    let v: Vec<&str> = s.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Runs `gsonet stats --json --control PATH` and parses its output.
+pub fn stats_json(control: &Path) -> Result<Value> {
+    let out = Command::new(bin())
+        .arg("stats")
+        .arg("--json")
+        .arg("--control")
+        .arg(control)
+        .output()
+        .context("run gsonet stats")?;
+    if !out.status.success() {
+        bail!(
+            "gsonet stats failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("parse gsonet stats --json")
+}
+
+pub fn port_counter(stats: &Value, port: usize, name: &str) -> u64 {
+    stats["ports"][port]["stats"][name].as_u64().unwrap_or(0)
+}
+
+pub fn uplink_counter(stats: &Value, uplink: usize, name: &str) -> u64 {
+    stats["uplinks"][uplink]["stats"][name]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// One drop reason of a `stats` object (a port's or an uplink's).
+pub fn drop_count(stats: &Value, reason: &str) -> u64 {
+    stats["drops"][reason].as_u64().unwrap_or(0)
+}
+
+/// All drops of a `stats` object.
+pub fn drops_total(stats: &Value) -> u64 {
+    stats["drops"]
+        .as_object()
+        .map(|m| m.values().filter_map(|v| v.as_u64()).sum())
+        .unwrap_or(0)
+}

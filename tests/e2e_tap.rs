@@ -1,0 +1,455 @@
+//! End to end through a tap: a real `gsonet serve` process with one vhost-user port
+//! and a tap uplink, driven by the in-process test frontend over the real socket.
+//! The host side of the tap is an AF_PACKET socket with PACKET_VNET_HDR, so the test
+//! sees exactly the skb the kernel got from gsonet (GSO metadata included) and can
+//! inject GSO frames into the tap. Every frame is checked with etherparse.
+//!
+//! Needs root (creates taps); each test skips with a message otherwise.
+
+mod common;
+
+use std::time::Duration;
+
+use common::afpacket::{is_gso, PacketSock, Seen};
+use common::daemon::{drop_count, drops_total, uplink_counter, Daemon, DaemonSpec};
+use common::frames::{self, Flow, Ips, UdpGso, MSS4, MSS6};
+use common::frontend::{feat, BadTx, FrontendOpts, TestFrontend, TxLayout};
+use common::rx::{l4_ports, recv_where, tcp_payload_len};
+use gsonet::vnet_hdr::{GsoKind, VirtioNetHdr, F_NEEDS_CSUM, HDR_LEN};
+
+const T: Duration = Duration::from_secs(5);
+const QUIET: Duration = Duration::from_millis(400);
+
+/// What a Linux guest with TSO/UFO on acks.
+const FEATS: u64 = feat::VERSION_1
+    | feat::CSUM
+    | feat::HOST_TSO4
+    | feat::HOST_TSO6
+    | feat::HOST_ECN
+    | feat::HOST_UFO
+    | feat::GUEST_CSUM
+    | feat::GUEST_TSO4
+    | feat::GUEST_TSO6
+    | feat::MRG_RXBUF
+    | feat::EVENT_IDX
+    | feat::INDIRECT_DESC;
+
+/// The guest's MAC and a destination that is neither the guest nor the tap (the
+/// kernel drops such frames as PACKET_OTHERHOST after AF_PACKET has seen them).
+fn guest_mac() -> frames::Mac {
+    frames::mac(0x01)
+}
+fn far_mac() -> frames::Mac {
+    frames::mac(0x99)
+}
+
+struct Rig {
+    d: Daemon,
+    fe: TestFrontend,
+    host: PacketSock,
+}
+
+fn opts(features: u64) -> FrontendOpts {
+    FrontendOpts {
+        features,
+        require_features: true,
+        queue_size: 256,
+        mem_size: 128 << 20,
+        ..Default::default()
+    }
+}
+
+fn rig(features: u64) -> Rig {
+    rig_with(features, "gso=pass")
+}
+
+fn rig_with(features: u64, uplink_opts: &str) -> Rig {
+    let d = Daemon::start(&DaemonSpec::ports(1).with_tap(uplink_opts)).expect("start gsonet");
+    let host = PacketSock::bind(d.tap.as_ref().unwrap(), true).expect("AF_PACKET on the tap");
+    let mut fe = TestFrontend::connect(&d.sockets[0], opts(features)).expect("frontend");
+    fe.post_rx(256, 2048).expect("post rx");
+    // Announce the guest as a guest would (ARP): gsonet learns its MAC, so frames
+    // from the tap to it are unicast (held and retried while its RX queue is busy).
+    announce(&mut fe, &host);
+    Rig { d, fe, host }
+}
+
+fn announce(fe: &mut TestFrontend, host: &PacketSock) {
+    let flow = Flow::new(guest_mac(), frames::BROADCAST, Ips::v4()).ports(68, 67);
+    let (h, f) = frames::udp(&flow, b"hello", UdpGso::None);
+    fe.send(&h, &f, TxLayout::Single).unwrap();
+    let seen = host
+        .collect(T, |s| s.frame == f, |v| !v.is_empty())
+        .unwrap();
+    assert_eq!(seen.len(), 1, "announcement did not reach the tap");
+}
+
+/// Frames of `flow` seen on the tap until `want_bytes` of TCP payload arrived.
+fn tap_tcp(host: &PacketSock, flow: &Flow, want_bytes: usize) -> Vec<Seen> {
+    let (sp, dp) = (flow.sport, flow.dport);
+    host.collect(
+        T,
+        |s| l4_ports(&s.frame) == Some((sp, dp)),
+        |v| {
+            v.iter()
+                .map(|s| tcp_payload_len(&s.frame).unwrap_or(0))
+                .sum::<usize>()
+                >= want_bytes
+        },
+    )
+    .expect("read the tap")
+}
+
+/// Checks tap frames of one TCP flow: finishes partial checksums as the kernel
+/// would, validates with etherparse, reassembles by sequence number.
+fn check_tcp_on_tap(seen: &[Seen], seq0: u32, data: &[u8], ipv6: bool) {
+    assert!(!seen.is_empty(), "nothing arrived on the tap");
+    let mut segs = Vec::new();
+    for s in seen {
+        let mut f = s.frame.clone();
+        if let Some(h) = &s.vnet {
+            frames::finish_if_partial(h, &mut f).expect("csum_start/offset");
+            if is_gso(&s.vnet) {
+                let kind = if ipv6 { GsoKind::TcpV6 } else { GsoKind::TcpV4 };
+                assert_eq!(h.gso.kind, kind, "GSO type on the tap");
+                assert!(h.needs_csum(), "GSO frame without NEEDS_CSUM");
+                assert_eq!(h.csum_offset, 16);
+            }
+        }
+        segs.push(frames::parse_tcp(&f).expect("etherparse accepts the frame"));
+    }
+    let got = frames::reassemble_tcp(&segs, seq0).expect("reassemble");
+    assert_eq!(got.len(), data.len(), "payload length");
+    assert!(got == data, "payload differs");
+}
+
+fn tso_to_tap(ips: Ips, mss: u16, len: usize) {
+    require_tun!();
+    let mut r = rig(FEATS);
+    let flow = Flow::new(guest_mac(), far_mac(), ips).ports(40001, 5201);
+    let data = frames::payload(len, 7);
+    let seq0 = 0x1000_0000;
+    let (hdr, frame) = frames::tcp(&flow, seq0, &data, Some(mss));
+    r.fe.send(&hdr, &frame, TxLayout::HeaderThenChunks(4096))
+        .unwrap();
+    r.fe.wait_tx_done(T).unwrap();
+    let seen = tap_tcp(&r.host, &flow, data.len());
+    check_tcp_on_tap(&seen, seq0, &data, ips.is_v6());
+    // With gso=pass the kernel received the frame in one piece, as sent.
+    assert_eq!(seen.len(), 1, "expected one GSO frame on the tap");
+    let h = seen[0].vnet.unwrap();
+    assert!(is_gso(&seen[0].vnet), "the tap got no GSO metadata: {h:?}");
+    assert_eq!(h.gso_size, mss);
+    assert_eq!(h.csum_start as usize, 14 + ips.ip_len());
+    let s = r.d.stats().unwrap();
+    assert_eq!(uplink_counter(&s, 0, "gso_passed"), 1, "{s:#}");
+    assert_eq!(uplink_counter(&s, 0, "gso_segmented"), 0);
+}
+
+#[test]
+fn tso4_64k_from_guest_reaches_tap_intact() {
+    // 45 full segments and a short last one (323 bytes).
+    tso_to_tap(Ips::v4(), MSS4, 65535 - 20 - 32);
+}
+
+#[test]
+fn tso6_64k_from_guest_reaches_tap_intact() {
+    // 45 full segments and a 1-byte last one (the Linux 6.6.44 case).
+    tso_to_tap(Ips::v6(), MSS6, 45 * MSS6 as usize + 1);
+}
+
+/// Frames the host writes into the tap reach the guest: plain, and TSO kept whole
+/// (the guest acked GUEST_TSO4/6) with a header the guest accepts.
+#[test]
+fn frames_written_into_tap_reach_guest() {
+    require_tun!();
+    let mut r = rig(FEATS);
+
+    // Plain UDP, no offload.
+    let flow = Flow::new(far_mac(), guest_mac(), Ips::v4()).ports(6000, 6001);
+    let data = frames::payload(300, 1);
+    let (h, f) = frames::udp(&flow, &data, UdpGso::None);
+    r.host.send(&h, &f).unwrap();
+    let got = recv_where(&mut r.fe, T, |x| l4_ports(&x.frame) == Some((6000, 6001)))
+        .unwrap_or_else(|| panic!("plain frame from the tap\n{:#}", r.d.stats().unwrap()));
+    assert_eq!(got.hdr.gso.kind, GsoKind::None);
+    assert!(!got.hdr.needs_csum());
+    assert_eq!(got.hdr.num_buffers, 1);
+    assert_eq!(got.buffers, 1);
+    assert_eq!(got.frame, f, "frame bytes");
+    assert_eq!(frames::parse_udp(&got.frame).unwrap().payload, data);
+
+    // TSO, IPv4 and IPv6, with partial checksums: must arrive as one GSO frame.
+    for (i, (ips, mss)) in [(Ips::v4(), MSS4), (Ips::v6(), MSS6)]
+        .into_iter()
+        .enumerate()
+    {
+        let flow = Flow::new(far_mac(), guest_mac(), ips).ports(6100 + i as u16, 6200);
+        let data = frames::payload(30000 + 77 * i, 2 + i as u32);
+        let seq0 = 777 + i as u32;
+        let (h, f) = frames::tcp(&flow, seq0, &data, Some(mss));
+        r.host.send(&h, &f).unwrap();
+        let mut got = recv_where(&mut r.fe, T, |x| {
+            l4_ports(&x.frame) == Some((flow.sport, flow.dport))
+        })
+        .expect("GSO frame from the tap");
+        let kind = if ips.is_v6() {
+            GsoKind::TcpV6
+        } else {
+            GsoKind::TcpV4
+        };
+        assert_eq!(got.hdr.gso.kind, kind, "{:?}", got.hdr);
+        assert_eq!(got.hdr.gso_size, mss);
+        assert_eq!(got.hdr.flags & F_NEEDS_CSUM, F_NEEDS_CSUM);
+        assert_eq!(got.hdr.csum_start as usize, 14 + ips.ip_len());
+        assert_eq!(got.hdr.csum_offset, 16);
+        // 2048-byte buffers: the frame spans several, and num_buffers says so.
+        let need = (HDR_LEN + got.frame.len()).div_ceil(2048) as u16;
+        assert_eq!(got.hdr.num_buffers, need);
+        assert_eq!(got.buffers, need);
+        frames::finish_if_partial(&got.hdr, &mut got.frame).unwrap();
+        let seg = frames::parse_tcp(&got.frame).expect("etherparse");
+        assert_eq!(seg.seq, seq0);
+        assert!(seg.payload == data, "payload differs");
+    }
+}
+
+/// A guest that acked no GUEST_* offload gets what the host writes into the tap as
+/// wire-size frames with full checksums (the tap's offloads follow the guest).
+#[test]
+fn guest_without_offloads_gets_no_gso_from_tap() {
+    require_tun!();
+    let feats = feat::VERSION_1 | feat::MRG_RXBUF | feat::EVENT_IDX;
+    let mut r = rig(feats);
+    let flow = Flow::new(far_mac(), guest_mac(), Ips::v4()).ports(6300, 6301);
+    let data = frames::payload(20000, 3);
+    let (h, f) = frames::tcp(&flow, 5, &data, Some(MSS4));
+    r.host.send(&h, &f).unwrap();
+    let mut segs = Vec::new();
+    let mut bytes = 0;
+    while bytes < data.len() {
+        let got = recv_where(&mut r.fe, T, |x| l4_ports(&x.frame) == Some((6300, 6301)))
+            .unwrap_or_else(|| {
+                panic!(
+                    "only {bytes} of {} bytes arrived\n{:#}",
+                    data.len(),
+                    r.d.stats().unwrap()["ports"][0]["stats"]
+                )
+            });
+        assert_eq!(got.hdr.gso.kind, GsoKind::None, "{:?}", got.hdr);
+        assert!(
+            !got.hdr.needs_csum(),
+            "partial checksum to a guest without GUEST_CSUM"
+        );
+        assert!(got.frame.len() <= 1514, "{}-byte frame", got.frame.len());
+        let s = frames::parse_tcp(&got.frame).expect("etherparse, checksum");
+        bytes += s.payload.len();
+        segs.push(s);
+    }
+    assert!(frames::reassemble_tcp(&segs, 5).unwrap() == data);
+}
+
+/// Every way of spreading header and frame over descriptors delivers the same frame.
+#[test]
+fn every_tx_layout_reaches_tap() {
+    require_tun!();
+    let mut r = rig(FEATS);
+    let layouts = TxLayout::matrix();
+    let mut sent = Vec::new();
+    for (i, l) in layouts.iter().enumerate() {
+        let flow = Flow::new(guest_mac(), far_mac(), Ips::v4()).ports(42000 + i as u16, 80);
+        let data = frames::payload(9000 + i * 13, 100 + i as u32);
+        let (h, f) = frames::tcp(&flow, 1000 * i as u32, &data, Some(MSS4));
+        r.fe.send(&h, &f, l.clone()).unwrap();
+        sent.push((flow, data));
+    }
+    r.fe.wait_tx_done(T).unwrap();
+    let n = layouts.len();
+    let seen = r
+        .host
+        .collect(
+            T,
+            |s| l4_ports(&s.frame).is_some_and(|(sp, _)| (42000..42000 + n as u16).contains(&sp)),
+            |v| v.len() >= n,
+        )
+        .unwrap();
+    for (i, (flow, data)) in sent.iter().enumerate() {
+        let mine: Vec<Seen> = seen
+            .iter()
+            .filter(|s| l4_ports(&s.frame).map(|p| p.0) == Some(flow.sport))
+            .cloned()
+            .collect();
+        assert!(!mine.is_empty(), "layout {:?}: nothing arrived", layouts[i]);
+        check_tcp_on_tap(&mine, 1000 * i as u32, data, false);
+    }
+    let s = r.d.stats().unwrap();
+    assert_eq!(drops_total(&s["ports"][0]["stats"]), 0, "{s:#}");
+}
+
+fn send_good_and_see_it(fe: &mut TestFrontend, host: &PacketSock, sport: u16) {
+    let flow = Flow::new(guest_mac(), far_mac(), Ips::v4()).ports(sport, 9);
+    let data = frames::payload(200, sport as u32);
+    let (h, f) = frames::udp(&flow, &data, UdpGso::None);
+    fe.send(&h, &f, TxLayout::HeaderSeparate).unwrap();
+    let seen = host
+        .collect(
+            T,
+            |s| l4_ports(&s.frame) == Some((sport, 9)),
+            |v| !v.is_empty(),
+        )
+        .unwrap();
+    assert_eq!(seen.len(), 1, "good frame after bad ones");
+    assert_eq!(seen[0].frame, f);
+}
+
+/// Malformed descriptor chains are returned, dropped and counted; nothing of them
+/// reaches the tap; the queue keeps working.
+#[test]
+fn malformed_chains_are_dropped_and_counted() {
+    require_tun!();
+    let mut r = rig(FEATS);
+    let mut uncounted = Vec::new();
+    for bad in BadTx::ALL {
+        let before = r.d.port_drops(0).unwrap();
+        r.fe.send_bad(bad).unwrap();
+        r.fe.wait_tx_done(T)
+            .unwrap_or_else(|e| panic!("{bad:?} not returned: {e:#}"));
+        // Counters are bumped before the chain is returned, but poll briefly anyway.
+        let mut after = before;
+        for _ in 0..50 {
+            after = r.d.port_drops(0).unwrap();
+            if after > before {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if after != before + 1 {
+            uncounted.push((bad, after - before));
+        }
+    }
+    // send_bad frames are 64 bytes of 0x5a after the header.
+    let leaked = r
+        .host
+        .collect(QUIET, |s| s.frame.starts_with(&[0x5a; 6]), |_| false)
+        .unwrap();
+    assert!(
+        leaked.is_empty(),
+        "{} malformed frames reached the tap",
+        leaked.len()
+    );
+    assert!(
+        uncounted.is_empty(),
+        "not counted exactly once: {uncounted:?}\n{:#}",
+        r.d.stats().unwrap()
+    );
+    assert!(r.d.alive());
+    send_good_and_see_it(&mut r.fe, &r.host, 7001);
+}
+
+/// Headers the guest may not send: unknown gso_type, and a GSO type it did not ack.
+#[test]
+fn bad_gso_headers_are_dropped_and_counted() {
+    require_tun!();
+    let mut r = rig(FEATS);
+    let flow = Flow::new(guest_mac(), far_mac(), Ips::v4()).ports(7100, 9);
+    let (_, f) = frames::tcp(&flow, 1, &frames::payload(5000, 9), Some(MSS4));
+    let (hdr, _) = frames::tcp(&flow, 1, &frames::payload(5000, 9), Some(MSS4));
+    for bad_type in [2u8, 6, 0x7f, 0x82] {
+        let mut bytes = hdr.to_bytes().to_vec();
+        bytes[1] = bad_type;
+        bytes.extend_from_slice(&f);
+        r.fe.send_bytes(&bytes, TxLayout::HeaderSeparate).unwrap();
+    }
+    // USO was not acked (no HOST_USO).
+    let uflow = Flow::new(guest_mac(), far_mac(), Ips::v4()).ports(7101, 9);
+    let (uh, uf) = frames::udp(&uflow, &frames::payload(5000, 10), UdpGso::Uso(1472));
+    r.fe.send(&uh, &uf, TxLayout::Single).unwrap();
+    r.fe.wait_tx_done(T).unwrap();
+    let leaked = r
+        .host
+        .collect(
+            QUIET,
+            |s| matches!(l4_ports(&s.frame), Some((7100 | 7101, _))),
+            |_| false,
+        )
+        .unwrap();
+    assert!(
+        leaked.is_empty(),
+        "{} bad frames reached the tap",
+        leaked.len()
+    );
+    let s = r.d.stats().unwrap();
+    let port = &s["ports"][0]["stats"];
+    assert_eq!(drop_count(port, "bad_header"), 4, "{s:#}");
+    assert_eq!(drop_count(port, "gso_not_negotiated"), 1, "{s:#}");
+    send_good_and_see_it(&mut r.fe, &r.host, 7102);
+}
+
+/// The daemon outlives its frontend and serves the next one on the same socket.
+#[test]
+fn survives_frontend_disconnect_and_accepts_a_new_one() {
+    require_tun!();
+    let Rig {
+        mut d,
+        mut fe,
+        host,
+    } = rig(FEATS);
+    send_good_and_see_it(&mut fe, &host, 7200);
+    let sock = d.sockets[0].clone();
+    for round in 0..2u16 {
+        // Leave with a frame in flight on TX and buffers posted on RX.
+        let flow = Flow::new(guest_mac(), far_mac(), Ips::v4()).ports(7300, 9);
+        let (h, f) = frames::udp(&flow, &frames::payload(100, 1), UdpGso::None);
+        fe.send(&h, &f, TxLayout::Single).unwrap();
+        drop(fe);
+        fe = TestFrontend::connect(&sock, opts(FEATS)).expect("reconnect");
+        fe.post_rx(256, 2048).unwrap();
+        announce(&mut fe, &host);
+        assert!(d.alive(), "gsonet died after a disconnect");
+        send_good_and_see_it(&mut fe, &host, 7210 + round);
+        // And the new frontend receives from the tap.
+        let flow = Flow::new(far_mac(), guest_mac(), Ips::v4()).ports(7400 + round, 9);
+        let (_, f) = frames::udp(&flow, &frames::payload(100, 2), UdpGso::None);
+        host.send(&VirtioNetHdr::default(), &f).unwrap();
+        let got = recv_where(&mut fe, T, |x| {
+            l4_ports(&x.frame) == Some((7400 + round, 9))
+        })
+        .expect("frame from the tap after reconnect");
+        assert_eq!(got.frame, f);
+    }
+    let s = d.stats().unwrap();
+    assert_eq!(s["ports"][0]["connected"], true, "{s:#}");
+}
+
+/// With gso=software gsonet segments before the tap: the kernel gets wire-size
+/// frames (checksums partial or complete, never GSO) that reassemble exactly.
+#[test]
+fn tso4_to_tap_with_software_gso_is_segmented() {
+    require_tun!();
+    let mut r = rig_with(FEATS, "gso=software");
+    let flow = Flow::new(guest_mac(), far_mac(), Ips::v4()).ports(40002, 5201);
+    let len = 45 * MSS4 as usize + 1;
+    let data = frames::payload(len, 8);
+    let (hdr, frame) = frames::tcp(&flow, 9, &data, Some(MSS4));
+    r.fe.send(&hdr, &frame, TxLayout::HeaderThenChunks(4096))
+        .unwrap();
+    r.fe.wait_tx_done(T).unwrap();
+    let seen = tap_tcp(&r.host, &flow, len);
+    assert_eq!(
+        seen.len(),
+        len.div_ceil(MSS4 as usize),
+        "segments on the tap"
+    );
+    for s in &seen {
+        assert!(
+            !is_gso(&s.vnet),
+            "GSO frame with gso=software: {:?}",
+            s.vnet
+        );
+        assert!(s.frame.len() <= 1514, "{}-byte frame", s.frame.len());
+    }
+    check_tcp_on_tap(&seen, 9, &data, false);
+    let s = r.d.stats().unwrap();
+    assert_eq!(uplink_counter(&s, 0, "gso_segmented"), 1, "{s:#}");
+    assert_eq!(uplink_counter(&s, 0, "gso_passed"), 0, "{s:#}");
+}
