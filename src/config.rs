@@ -139,7 +139,9 @@ pub enum UplinkKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UplinkConfig {
     pub kind: UplinkKind,
-    pub queues: u16,
+    /// Queues (tap queues or packet sockets); unset: as many as the port with the
+    /// most queue pairs, so each pair has its own.
+    pub queues: Option<u16>,
     pub gso: GsoMode,
     pub max_burst: Option<usize>,
 }
@@ -251,7 +253,7 @@ impl UplinkConfig {
         let mut kind = None;
         let mut c = UplinkConfig {
             kind: UplinkKind::Tap(String::new()),
-            queues: 1,
+            queues: None,
             gso: GsoMode::Pass,
             max_burst: None,
         };
@@ -274,7 +276,7 @@ impl UplinkConfig {
                         }
                     });
                 }
-                "queues" => c.queues = number(W, &k, &v, 1, MAX_QUEUE_PAIRS)?,
+                "queues" => c.queues = Some(number(W, &k, &v, 1, MAX_QUEUE_PAIRS)?),
                 "gso" => c.gso = v.parse().map_err(|e| bad(W, &k, &v, e))?,
                 "max_burst" => c.max_burst = Some(number(W, &k, &v, 68, 65535)?),
                 "bypass" => bypass = Some((on_off(W, &k, &v)?, v)),
@@ -454,7 +456,7 @@ mod tests {
         assert_eq!(u.kind, UplinkKind::Tap("gs0".into()));
         assert_eq!(
             (u.gso, u.queues, u.max_burst),
-            (GsoMode::Software, 2, Some(1400))
+            (GsoMode::Software, Some(2), Some(1400))
         );
         assert!(UplinkConfig::parse("gso=pass").is_err());
         assert!(UplinkConfig::parse("tap=a-name-that-is-too-long").is_err());
@@ -493,7 +495,7 @@ mod tests {
                 bypass: true
             }
         );
-        assert_eq!(c.uplinks[0].queues, 2);
+        assert_eq!(c.uplinks[0].queues, Some(2));
     }
 
     #[test]

@@ -195,3 +195,257 @@ pub fn deliver(frame: &Frame, dst: &dyn Destination, queue: usize, ctx: &mut Del
         Path::Dropped(_) => path,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::segment::testutil::{build, gso_hdr, FrameSpec};
+    use crate::vnet_hdr::{GsoKind, GsoType, F_NEEDS_CSUM};
+    use std::cell::RefCell;
+
+    /// Records what it is handed: the header and the frame length of each send.
+    struct Recorder {
+        caps: Caps,
+        max_burst: Option<usize>,
+        sent: RefCell<Vec<(VirtioNetHdr, usize)>>,
+        stats: Counters,
+    }
+
+    impl Destination for Recorder {
+        fn caps(&self) -> Caps {
+            self.caps
+        }
+        fn max_burst(&self) -> Option<usize> {
+            self.max_burst
+        }
+        fn send(
+            &self,
+            _: usize,
+            hdr: &VirtioNetHdr,
+            parts: &[&[u8]],
+            _: &mut Pending,
+        ) -> Result<(), &'static str> {
+            self.sent
+                .borrow_mut()
+                .push((*hdr, parts.iter().map(|p| p.len()).sum()));
+            Ok(())
+        }
+        fn stats(&self) -> &Counters {
+            &self.stats
+        }
+    }
+
+    struct Case {
+        name: &'static str,
+        hdr: VirtioNetHdr,
+        bytes: Vec<u8>,
+    }
+
+    fn cases() -> Vec<Case> {
+        let tcp4 = FrameSpec {
+            payload: vec![7; 4000],
+            ..Default::default()
+        };
+        let tcp6 = FrameSpec {
+            v6: true,
+            ..tcp4.clone()
+        };
+        let udp4 = FrameSpec {
+            tcp: false,
+            ..tcp4.clone()
+        };
+        let small = FrameSpec {
+            payload: vec![1; 100],
+            ..Default::default()
+        };
+        let (f4, l4) = build(&tcp4);
+        let (f6, l6) = build(&tcp6);
+        let (fu, lu) = build(&udp4);
+        let (fs, ls) = build(&small);
+        let mut ecn = gso_hdr(GsoKind::TcpV4, 1448, l4, true);
+        ecn.gso = GsoType {
+            kind: GsoKind::TcpV4,
+            ecn: true,
+        };
+        let partial = VirtioNetHdr {
+            flags: F_NEEDS_CSUM,
+            csum_start: ls as u16,
+            csum_offset: 16,
+            ..Default::default()
+        };
+        let mut no_csum = gso_hdr(GsoKind::TcpV4, 1448, l4, true);
+        no_csum.flags = 0;
+        vec![
+            Case {
+                name: "plain",
+                hdr: VirtioNetHdr::default(),
+                bytes: fs.clone(),
+            },
+            Case {
+                name: "partial csum",
+                hdr: partial,
+                bytes: fs,
+            },
+            Case {
+                name: "tso4",
+                hdr: gso_hdr(GsoKind::TcpV4, 1448, l4, true),
+                bytes: f4.clone(),
+            },
+            Case {
+                name: "tso4 ecn",
+                hdr: ecn,
+                bytes: f4.clone(),
+            },
+            Case {
+                name: "tso4 without NEEDS_CSUM",
+                hdr: no_csum,
+                bytes: f4,
+            },
+            Case {
+                name: "tso6",
+                hdr: gso_hdr(GsoKind::TcpV6, 1428, l6, true),
+                bytes: f6,
+            },
+            Case {
+                name: "ufo",
+                hdr: gso_hdr(GsoKind::Udp, 1480, lu, false),
+                bytes: fu.clone(),
+            },
+            Case {
+                name: "uso",
+                hdr: gso_hdr(GsoKind::UdpL4, 1472, lu, false),
+                bytes: fu,
+            },
+        ]
+    }
+
+    fn dests() -> Vec<(&'static str, Caps, Option<usize>)> {
+        let csum = Caps {
+            csum: true,
+            ..Caps::default()
+        };
+        vec![
+            ("nothing", Caps::default(), None),
+            ("csum", csum, None),
+            ("csum+tso4", Caps { tso4: true, ..csum }, None),
+            (
+                "csum+tso4+tso6+ecn",
+                Caps {
+                    tso4: true,
+                    tso6: true,
+                    ecn: true,
+                    ..csum
+                },
+                None,
+            ),
+            ("csum+ufo", Caps { ufo: true, ..csum }, None),
+            ("csum+uso4", Caps { uso4: true, ..csum }, None),
+            ("all", Caps::ALL, None),
+            ("all, max_burst 1000", Caps::ALL, Some(1000)),
+            (
+                "tso4 without csum",
+                Caps {
+                    tso4: true,
+                    ..Caps::default()
+                },
+                None,
+            ),
+        ]
+    }
+
+    /// What a frame of `case` must become at a destination with `caps`.
+    fn expected(case: &str, caps: Caps, capped: bool) -> Path {
+        let gso_ok = |ok: bool| {
+            if ok && caps.csum && !capped {
+                Path::Intact
+            } else {
+                Path::Segmented
+            }
+        };
+        match case {
+            "plain" => Path::Intact,
+            "partial csum" if caps.csum => Path::Intact,
+            "partial csum" => Path::CsumCompleted,
+            "tso4" => gso_ok(caps.tso4),
+            "tso4 ecn" => gso_ok(caps.tso4 && caps.ecn),
+            "tso4 without NEEDS_CSUM" => Path::Segmented,
+            "tso6" => gso_ok(caps.tso6),
+            "ufo" => gso_ok(caps.ufo),
+            "uso" => gso_ok(caps.uso4 || caps.uso6),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn every_frame_type_against_every_destination() {
+        let mut ctx = DeliverCtx::default();
+        for c in cases() {
+            for (dname, caps, max) in dests() {
+                let dst = Recorder {
+                    caps,
+                    max_burst: max,
+                    sent: RefCell::new(vec![]),
+                    stats: Counters::default(),
+                };
+                let parts = [&c.bytes[..20], &c.bytes[20..]];
+                let frame = Frame {
+                    hdr: c.hdr,
+                    parts: &parts,
+                    len: c.bytes.len(),
+                };
+                let path = deliver(&frame, &dst, 0, &mut ctx);
+                let want = expected(c.name, caps, max.is_some());
+                assert_eq!(path, want, "{} -> {dname}", c.name);
+                let sent = dst.sent.borrow();
+                match path {
+                    Path::Intact => {
+                        assert_eq!(sent.len(), 1, "{} -> {dname}", c.name);
+                        assert_eq!(
+                            sent[0].0.gso, c.hdr.gso,
+                            "{} -> {dname}: header changed",
+                            c.name
+                        );
+                        assert_eq!(sent[0].1, c.bytes.len());
+                    }
+                    Path::Segmented | Path::CsumCompleted => {
+                        assert!(!sent.is_empty(), "{} -> {dname}", c.name);
+                        for (h, len) in sent.iter() {
+                            assert_eq!(
+                                h.gso.kind,
+                                GsoKind::None,
+                                "{} -> {dname}: GSO after segmenting",
+                                c.name
+                            );
+                            // A destination without csum gets complete checksums only.
+                            if !caps.csum {
+                                assert!(
+                                    !h.needs_csum(),
+                                    "{} -> {dname}: partial csum to a csum-less peer",
+                                    c.name
+                                );
+                            }
+                            let l3_cap = max.unwrap_or(usize::MAX).min(1500 + 60);
+                            assert!(
+                                *len <= 14 + l3_cap,
+                                "{} -> {dname}: {len}-byte segment",
+                                c.name
+                            );
+                        }
+                        if path == Path::Segmented && c.hdr.gso.is_gso() {
+                            assert!(
+                                sent.len() > 1,
+                                "{} -> {dname}: {} segments",
+                                c.name,
+                                sent.len()
+                            );
+                            assert_eq!(dst.stats.snapshot().gso_segmented, 1);
+                        } else {
+                            assert_eq!(dst.stats.snapshot().csum_completed, 1);
+                        }
+                    }
+                    Path::Dropped(r) => panic!("{} -> {dname}: dropped ({r})", c.name),
+                }
+            }
+        }
+    }
+}

@@ -26,7 +26,7 @@ use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::GuestMemoryAtomic;
 
-use crate::config::{Config, UplinkKind};
+use crate::config::{Config, UplinkConfig, UplinkKind};
 use crate::ring::GuestMem;
 use port::{Port, PortBackend};
 use switch::Switch;
@@ -172,7 +172,12 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         .map(|(i, p)| Arc::new(Port::new(i, p.clone())))
         .collect();
     let mut uplinks: Vec<Arc<dyn Uplink>> = Vec::new();
+    let most_pairs = cfg.ports.iter().map(|p| p.queues).max().unwrap_or(1);
     for u in &cfg.uplinks {
+        let u = &UplinkConfig {
+            queues: Some(u.queues.unwrap_or(most_pairs)),
+            ..u.clone()
+        };
         match &u.kind {
             UplinkKind::Tap(name) => uplinks.push(Arc::new(TapUplink::open(u, name)?)),
             UplinkKind::Dev { name, bypass } => {

@@ -93,7 +93,7 @@ pub type PacketUplink = DeviceUplink<PacketSocket>;
 
 impl TapUplink {
     pub fn open(cfg: &UplinkConfig, name: &str) -> Result<TapUplink, TapError> {
-        let tap = Tap::open(name, cfg.queues as usize)?;
+        let tap = Tap::open(name, cfg.queues.unwrap_or(1) as usize)?;
         info!(tap = name, queues = tap.queues(), "tap uplink ready");
         Ok(DeviceUplink::new(tap, cfg))
     }
@@ -101,7 +101,7 @@ impl TapUplink {
 
 impl PacketUplink {
     pub fn open(cfg: &UplinkConfig, name: &str, bypass: bool) -> Result<PacketUplink, PacketError> {
-        let sock = PacketSocket::open(name, cfg.queues as usize, bypass)?;
+        let sock = PacketSocket::open(name, cfg.queues.unwrap_or(1) as usize, bypass)?;
         info!(
             dev = name,
             queues = sock.queues(),
