@@ -30,8 +30,12 @@ guest-tests: build
 test-full: setup build unit
 	$(PYTEST) -q guest-tests
 
+# Micro-benchmark of the segmentation engine, then the side-by-side iperf3 run
+# (gsonet vs QEMU virtio-net + tap vs DPDK testpmd; SECONDS=3 REPEATS=1 for a smoke
+# run). Results: results/bench-<timestamp>/.
 bench: setup build
 	$(CARGO) bench --bench segment
+	python3 scripts/bench.py
 
 lint:
 	$(CARGO) fmt --all -- --check
