@@ -213,6 +213,12 @@ pub enum InvalidHdr {
     UsoTooManySegments { segments: usize },
     #[error("cannot be segmented: {0}")]
     Unsegmentable(SegmentError),
+    #[error("{field} says {says} bytes, the frame has {actual}")]
+    LengthMismatch {
+        field: &'static str,
+        says: usize,
+        actual: usize,
+    },
 }
 
 impl From<HdrError> for InvalidHdr {
@@ -244,6 +250,7 @@ impl InvalidHdr {
             InvalidHdr::UsoEcn => "uso_ecn",
             InvalidHdr::UsoTooManySegments { .. } => "uso_too_many_segments",
             InvalidHdr::Unsegmentable(_) => "unsegmentable",
+            InvalidHdr::LengthMismatch { .. } => "length_mismatch",
         }
     }
 }
@@ -313,6 +320,8 @@ pub fn validate(hdr: &VirtioNetHdr, frame: &[&[u8]]) -> Result<ValidFrame, Inval
             proto: h.l4_proto(),
         });
     }
+    // A GSO frame may reach a peer whole: its length fields must describe it.
+    check_lengths(&h, frame)?;
     // Rule 3, csum_start minimums; and it must name the L4 header we segment by.
     if hdr.needs_csum() {
         let min = match h.l3 {
@@ -373,6 +382,46 @@ pub fn validate(hdr: &VirtioNetHdr, frame: &[&[u8]]) -> Result<ValidFrame, Inval
         headers: Some(h),
         segments: p.segments,
     })
+}
+
+/// The IPv4 total length / IPv6 payload length, and the UDP length, must be the
+/// frame's. A GSO frame that passes whole to a peer carries them unchanged, so a
+/// frame whose fields disagree with its size would reach the peer malformed (Linux
+/// senders always fill them in; a UDP datagram too long for its field is exempt).
+fn check_lengths(h: &Headers, frame: &[&[u8]]) -> Result<(), InvalidHdr> {
+    let mut buf = [0u8; parse::MAX_HEADERS];
+    let n = parse::gather(frame, &mut buf);
+    let be16 = |i: usize| -> Option<usize> {
+        (i + 2 <= n).then(|| usize::from(u16::from_be_bytes([buf[i], buf[i + 1]])))
+    };
+    let mismatch = |field, says, actual| InvalidHdr::LengthMismatch {
+        field,
+        says,
+        actual,
+    };
+    let l3_len = h.frame_len - h.l3_off;
+    match h.l3 {
+        L3::Ipv4 => {
+            let says = be16(h.l3_off + 2).unwrap_or(0);
+            if says != l3_len {
+                return Err(mismatch("IPv4 total length", says, l3_len));
+            }
+        }
+        L3::Ipv6 => {
+            let says = be16(h.l3_off + 4).unwrap_or(0);
+            if says != l3_len - 40 {
+                return Err(mismatch("IPv6 payload length", says, l3_len - 40));
+            }
+        }
+    }
+    if h.l4 == L4::Udp {
+        let udp_len = h.frame_len - h.l4_off;
+        let says = be16(h.l4_off + 4).unwrap_or(0);
+        if udp_len <= segment::MAX_IP_LEN && says != udp_len {
+            return Err(mismatch("UDP length", says, udp_len));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -601,6 +650,39 @@ mod tests {
                 validate(&h, &[&f4[..40]]),
                 Err(InvalidHdr::BadHeaders(ParseError::Truncated { .. }))
             ));
+        }
+
+        #[test]
+        fn gso_frame_length_fields_must_match_the_frame() {
+            // Found by the hostile-guest e2e test: a TSO frame with IPv4 total length
+            // 0xffff reached a GSO-capable peer whole, malformed.
+            let mismatch = |field, says, actual| {
+                Err(InvalidHdr::LengthMismatch {
+                    field,
+                    says,
+                    actual,
+                })
+            };
+            let (mut f, l4) = tcp(false, 3000);
+            let h = gso_hdr(GsoKind::TcpV4, 1448, l4, true);
+            assert!(v(&h, &f).is_ok());
+            f[16..18].copy_from_slice(&0xffffu16.to_be_bytes());
+            assert_eq!(
+                v(&h, &f),
+                mismatch("IPv4 total length", 0xffff, f.len() - 14)
+            );
+            let (mut f, l6) = tcp(true, 3000);
+            let h = gso_hdr(GsoKind::TcpV6, 1448, l6, true);
+            f[18..20].copy_from_slice(&7u16.to_be_bytes());
+            assert_eq!(v(&h, &f), mismatch("IPv6 payload length", 7, f.len() - 54));
+            let (mut f, lu) = udp(false, 3000);
+            let h = gso_hdr(GsoKind::UdpL4, 1448, lu, false);
+            assert!(v(&h, &f).is_ok());
+            f[lu + 4..lu + 6].copy_from_slice(&8u16.to_be_bytes());
+            assert_eq!(v(&h, &f), mismatch("UDP length", 8, f.len() - lu));
+            // Plain frames are not parsed: their lengths are the receiver's business.
+            let plain = VirtioNetHdr::default();
+            assert!(v(&plain, &f).is_ok());
         }
 
         #[test]
