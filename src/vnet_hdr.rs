@@ -207,6 +207,8 @@ pub enum InvalidHdr {
     UsoNoCsum,
     #[error("USO with csum_offset {0}, need 6")]
     UsoCsumOffset(u16),
+    #[error("UFO with csum_offset {0}, need 6")]
+    UfoCsumOffset(u16),
     #[error("USO with the ECN bit")]
     UsoEcn,
     #[error("USO frame of {segments} segments, at most {UDP_MAX_SEGMENTS}")]
@@ -247,6 +249,7 @@ impl InvalidHdr {
             InvalidHdr::TsoCsumOffset(_) => "tso_csum_offset",
             InvalidHdr::UsoNoCsum => "uso_no_csum",
             InvalidHdr::UsoCsumOffset(_) => "uso_csum_offset",
+            InvalidHdr::UfoCsumOffset(_) => "ufo_csum_offset",
             InvalidHdr::UsoEcn => "uso_ecn",
             InvalidHdr::UsoTooManySegments { .. } => "uso_too_many_segments",
             InvalidHdr::Unsegmentable(_) => "unsegmentable",
@@ -366,7 +369,14 @@ pub fn validate(hdr: &VirtioNetHdr, frame: &[&[u8]]) -> Result<ValidFrame, Inval
                 });
             }
         }
-        GsoKind::Udp | GsoKind::None => {}
+        GsoKind::Udp => {
+            // A UFO frame a peer accepts goes to it whole: its checksum field must be
+            // the UDP one, or the peer completes the checksum into other bytes.
+            if hdr.needs_csum() && hdr.csum_offset != 6 {
+                return Err(InvalidHdr::UfoCsumOffset(hdr.csum_offset));
+            }
+        }
+        GsoKind::None => {}
     }
     // What segmentation itself needs (lengths, fragment sizes).
     let p = segment::plan(kind, hdr.gso_size, &h, None).map_err(InvalidHdr::Unsegmentable)?;
@@ -725,6 +735,17 @@ mod tests {
                 ..ok
             };
             assert_eq!(v(&h, &f), Err(InvalidHdr::UsoEcn));
+        }
+
+        #[test]
+        fn rule5_ufo_csum_offset() {
+            // Found by the hostile-guest e2e test: UFO with csum_offset 1 reached a
+            // UFO-capable peer whole, which would write the checksum into the ports.
+            let (f, lu) = udp(true, 2424);
+            let mut h = gso_hdr(GsoKind::Udp, 1448, lu, false);
+            assert!(v(&h, &f).is_ok());
+            h.csum_offset = 1;
+            assert_eq!(v(&h, &f), Err(InvalidHdr::UfoCsumOffset(1)));
         }
 
         #[test]
