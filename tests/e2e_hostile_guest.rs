@@ -269,6 +269,12 @@ fn check_rx_header(p_feats: u64, h: &VirtioNetHdr, frame: &[u8]) -> Result<(), S
             frame.len()
         ));
     }
+    if !h.needs_csum() && (h.csum_start, h.csum_offset) != (0, 0) {
+        return Err(format!("csum fields without NEEDS_CSUM: {h:?}"));
+    }
+    if !h.gso.is_gso() && (h.gso_size, h.hdr_len, h.gso.ecn) != (0, 0, false) {
+        return Err(format!("GSO fields on a plain frame: {h:?}"));
+    }
     use gsonet::vnet_hdr::GsoKind::*;
     let need = match h.gso.kind {
         None => return Ok(()),
@@ -395,7 +401,10 @@ fn check_outputs(p: &Peer, sent: &Sent, got: &[RxFrame]) -> Result<(), String> {
         if got.is_empty() {
             return Ok(());
         }
-        return Err(format!("{} frames from a frame with a bad header", got.len()));
+        return Err(format!(
+            "{} frames from a frame with a bad header",
+            got.len()
+        ));
     }
     if !sent.is_gso() {
         let want = finished(
@@ -525,7 +534,7 @@ fn valid_frame(rng: &mut Rng, dst: frames::Mac, gso: bool) -> (VirtioNetHdr, Vec
         1 => rng.range(1, 16),
         2 => 1448,
         3 => rng.range(500, 9000),
-        4 => len.max(1).min(0xfffe) as u64,
+        4 => len.clamp(1, 0xfffe) as u64,
         _ => rng.range(1, 0xfffe),
     } as u16;
     let kind = rng.below(3);
@@ -679,7 +688,7 @@ fn fuzz_header(rng: &mut Rng, valid: &VirtioNetHdr, len: usize) -> [u8; HDR_LEN]
 /// Flips header bytes of a valid frame (targeted fields or random bytes).
 fn mutate_frame(rng: &mut Rng, f: &mut [u8]) {
     let l3 = l3_offset(f);
-    let v6 = l3 + 1 <= f.len() && f[l3] >> 4 == 6;
+    let v6 = l3 < f.len() && f[l3] >> 4 == 6;
     let l4 = if v6 {
         l3 + 40
     } else {
@@ -751,7 +760,7 @@ struct Scratch {
 fn random_addr(rng: &mut Rng, a: &TestFrontend, s: &Scratch) -> u64 {
     let end = a.mem_end();
     match rng.below(8) {
-        0 | 1 | 2 => s.addr + rng.below(s.len),
+        0..=2 => s.addr + rng.below(s.len),
         3 => rng.below(end),
         4 => end + rng.below(1 << 30),
         5 => end - rng.range(1, 64),
@@ -855,13 +864,19 @@ impl Harness {
         loop {
             match self.peers[i].fe.try_recv(Duration::ZERO) {
                 Ok(Some(f)) => {
-                    if self.tap_mac.is_some_and(|m| f.frame.get(6..12) == Some(&m[..])) {
+                    if self
+                        .tap_mac
+                        .is_some_and(|m| f.frame.get(6..12) == Some(&m[..]))
+                    {
                         continue;
                     }
                     v.push(f)
                 }
                 Ok(None) => return v,
-                Err(e) => panic!("{}: device broke the RX protocol: {e:#}", self.peers[i].name),
+                Err(e) => panic!(
+                    "{}: device broke the RX protocol: {e:#}",
+                    self.peers[i].name
+                ),
             }
         }
     }
@@ -873,13 +888,19 @@ impl Harness {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.peers[i].fe.try_recv(left) {
                 Ok(Some(f)) => {
-                    if self.tap_mac.is_some_and(|m| f.frame.get(6..12) == Some(&m[..])) {
+                    if self
+                        .tap_mac
+                        .is_some_and(|m| f.frame.get(6..12) == Some(&m[..]))
+                    {
                         continue;
                     }
                     return Some(f);
                 }
                 Ok(None) => return None,
-                Err(e) => panic!("{}: device broke the RX protocol: {e:#}", self.peers[i].name),
+                Err(e) => panic!(
+                    "{}: device broke the RX protocol: {e:#}",
+                    self.peers[i].name
+                ),
             }
         }
     }
@@ -892,7 +913,10 @@ impl Harness {
     fn a_done(&mut self, what: &str) {
         if let Err(e) = self.a.wait_tx_done(T) {
             self.alive(what);
-            panic!("A's TX hangs after {what}: {e:#}\n{:#}", self.d.stats().unwrap());
+            panic!(
+                "A's TX hangs after {what}: {e:#}\n{:#}",
+                self.d.stats().unwrap()
+            );
         }
     }
 
@@ -930,7 +954,12 @@ impl Harness {
         }
     }
 
-    fn good_frame(&mut self, from: frames::Mac, to: frames::Mac, rng: &mut Rng) -> (VirtioNetHdr, Vec<u8>) {
+    fn good_frame(
+        &mut self,
+        from: frames::Mac,
+        to: frames::Mac,
+        rng: &mut Rng,
+    ) -> (VirtioNetHdr, Vec<u8>) {
         self.seq = self.seq.wrapping_add(1);
         let (h, mut f) = valid_frame(rng, to, false);
         f[6..12].copy_from_slice(&from);
@@ -979,7 +1008,10 @@ impl Harness {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.a.try_recv(left) {
                 Ok(Some(f)) => {
-                    if self.tap_mac.is_some_and(|m| f.frame.get(6..12) == Some(&m[..])) {
+                    if self
+                        .tap_mac
+                        .is_some_and(|m| f.frame.get(6..12) == Some(&m[..]))
+                    {
                         continue;
                     }
                     return Some(f);
@@ -1053,6 +1085,8 @@ impl Harness {
     fn mutate(&mut self, rng: &mut Rng) {
         let (h, mut f) = valid_frame(rng, frames::BROADCAST, true);
         let clean = rng.chance(20);
+        let uso_ok = h.gso.kind != gsonet::vnet_hdr::GsoKind::UdpL4
+            || f.len() - h.hdr_len as usize <= 128 * h.gso_size as usize;
         if !clean {
             mutate_frame(rng, &mut f);
         }
@@ -1061,9 +1095,14 @@ impl Harness {
             Sent {
                 hdr: h.to_bytes(),
                 frame: f,
-                must_arrive: clean,
+                // USO may ask for at most 128 segments (Linux UDP_MAX_SEGMENTS).
+                must_arrive: clean && uso_ok,
             },
-            if clean { "valid GSO frame" } else { "mutated GSO frame" },
+            if clean {
+                "valid GSO frame"
+            } else {
+                "mutated GSO frame"
+            },
         );
     }
 
@@ -1126,9 +1165,11 @@ impl Harness {
         self.peers[src].fe.wait_tx_done(T).expect("flood TX");
         // A's first A_RX buffers took the first frames; the rest are lost, counted.
         for (i, w) in sent.iter().take(A_RX).enumerate() {
-            let r = self.recv_a().unwrap_or_else(|| panic!("flood frame {i} missing at A"));
-            let have = finished(r.hdr.flags, r.hdr.csum_start, r.hdr.csum_offset, &r.frame)
-                .unwrap();
+            let r = self
+                .recv_a()
+                .unwrap_or_else(|| panic!("flood frame {i} missing at A"));
+            let have =
+                finished(r.hdr.flags, r.hdr.csum_start, r.hdr.csum_offset, &r.frame).unwrap();
             assert!(have == *w, "flood frame {i} at A differs");
             self.at_a += 1;
         }
@@ -1139,7 +1180,10 @@ impl Harness {
         let lost = (flood - A_RX) as u64;
         let delta = |reason: &str| drop_of(&after, 0, reason) - drop_of(&before, 0, reason);
         let rx_lost: u64 = RX_REASONS.iter().map(|r| delta(r)).sum();
-        assert_eq!(rx_lost, lost, "frames lost at A vs. A's RX drops\n{after:#}");
+        assert_eq!(
+            rx_lost, lost,
+            "frames lost at A vs. A's RX drops\n{after:#}"
+        );
         for k in ["rx_readable_descriptor", "rx_bad_address"] {
             let n = kinds.iter().filter(|x| **x == k).count() as u64;
             assert_eq!(delta(k), n, "{k} drops for {kinds:?}\n{after:#}");
@@ -1152,7 +1196,10 @@ impl Harness {
             .filter(|(q, _, _)| *q == RX_QUEUE)
             .copied()
             .collect();
-        assert!(raw.iter().all(|&(_, _, len)| len == 0), "bad RX chain used: {raw:?}");
+        assert!(
+            raw.iter().all(|&(_, _, len)| len == 0),
+            "bad RX chain used: {raw:?}"
+        );
     }
 }
 
@@ -1244,8 +1291,8 @@ fn hostile_guest_cannot_hurt_its_peers() {
         counts: BTreeMap::new(),
     };
     // Everyone announces itself, so the switch knows where the good frames go.
-    h.peers_to_a(&mut rng);
     h.marker(&mut rng);
+    h.peers_to_a(&mut rng);
 
     let start = Instant::now();
     let mut iters = 0u64;
@@ -1265,7 +1312,7 @@ fn hostile_guest_cannot_hurt_its_peers() {
         h.peers_to_a(&mut rng);
         h.marker(&mut rng);
         iters += 1;
-        if iters % 256 == 0 {
+        if iters.is_multiple_of(256) {
             check_counters(&h);
         }
     }
@@ -1302,12 +1349,13 @@ fn hostile_guest_cannot_hurt_its_peers() {
         "hostile guest: seed {seed:#x}, {iters} iterations in {elapsed:.1}s ({:.0}/s), tap {tap}, ops {counts:?}",
         iters as f64 / elapsed
     );
-    eprintln!(
-        "A drops: {}",
-        s["ports"][0]["stats"]["drops"]
-    );
+    eprintln!("A drops: {}", s["ports"][0]["stats"]["drops"]);
     for i in 1..4 {
-        eprintln!("{} drops: {}", peer_feats[i - 1].0, s["ports"][i]["stats"]["drops"]);
+        eprintln!(
+            "{} drops: {}",
+            peer_feats[i - 1].0,
+            s["ports"][i]["stats"]["drops"]
+        );
     }
     if tap {
         eprintln!("tap drops: {}", s["uplinks"][0]["stats"]["drops"]);
