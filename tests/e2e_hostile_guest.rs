@@ -373,23 +373,39 @@ fn check_wellformed(f: &[u8]) -> Result<Piece, String> {
         let frag = frames::parse_frag(f).map_err(|e| format!("fragment: {e:#}"))?;
         return Ok(Piece::Frag { frag, src, dst });
     }
-    match &p.transport {
-        Some(TransportSlice::Tcp(_)) => {
-            let s = frames::parse_tcp(f).map_err(|e| format!("{e:#}"))?;
-            Ok(Piece::Whole {
-                hdr_len: f.len() - s.payload.len(),
-                payload: s.payload,
-            })
+    // L4 checksum over the raw bytes (etherparse's own check rebuilds the TCP header
+    // from its fields and loses the reserved bits, which a segment copies as they are).
+    let ips = if src.len() == 4 {
+        Ips::V4(src[..].try_into().unwrap(), dst[..].try_into().unwrap())
+    } else {
+        Ips::V6(src[..].try_into().unwrap(), dst[..].try_into().unwrap())
+    };
+    let (proto, l4_len, payload) = match &p.transport {
+        Some(TransportSlice::Tcp(t)) => (6, t.slice().len(), t.payload().to_vec()),
+        Some(TransportSlice::Udp(u)) => {
+            let len = u.slice().len();
+            if u.length() as usize != len {
+                return Err(format!("UDP length {} for {len} bytes", u.length()));
+            }
+            if u.checksum() == 0 {
+                return Err("UDP checksum 0 on a segment".into());
+            }
+            (17, len, u.payload().to_vec())
         }
-        Some(TransportSlice::Udp(_)) => {
-            let d = frames::parse_udp(f).map_err(|e| format!("{e:#}"))?;
-            Ok(Piece::Whole {
-                hdr_len: f.len() - d.payload.len(),
-                payload: d.payload,
-            })
-        }
-        other => Err(format!("segment without TCP/UDP: {other:?}")),
+        other => return Err(format!("segment without TCP/UDP: {other:?}")),
+    };
+    let l4 = f.len() - l4_len;
+    let sum = frames::fold(frames::sum16(
+        &f[l4..],
+        frames::pseudo_sum(&ips, proto, l4_len),
+    ));
+    if sum != 0xffff {
+        return Err(format!("bad L4 checksum (proto {proto}, sum {sum:#06x})"));
     }
+    Ok(Piece::Whole {
+        hdr_len: f.len() - payload.len(),
+        payload,
+    })
 }
 
 /// Checks what one peer received for one frame A sent.
