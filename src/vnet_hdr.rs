@@ -207,12 +207,20 @@ pub enum InvalidHdr {
     UsoNoCsum,
     #[error("USO with csum_offset {0}, need 6")]
     UsoCsumOffset(u16),
+    #[error("UFO with csum_offset {0}, need 6")]
+    UfoCsumOffset(u16),
     #[error("USO with the ECN bit")]
     UsoEcn,
     #[error("USO frame of {segments} segments, at most {UDP_MAX_SEGMENTS}")]
     UsoTooManySegments { segments: usize },
     #[error("cannot be segmented: {0}")]
     Unsegmentable(SegmentError),
+    #[error("{field} says {says} bytes, the frame has {actual}")]
+    LengthMismatch {
+        field: &'static str,
+        says: usize,
+        actual: usize,
+    },
 }
 
 impl From<HdrError> for InvalidHdr {
@@ -241,9 +249,11 @@ impl InvalidHdr {
             InvalidHdr::TsoCsumOffset(_) => "tso_csum_offset",
             InvalidHdr::UsoNoCsum => "uso_no_csum",
             InvalidHdr::UsoCsumOffset(_) => "uso_csum_offset",
+            InvalidHdr::UfoCsumOffset(_) => "ufo_csum_offset",
             InvalidHdr::UsoEcn => "uso_ecn",
             InvalidHdr::UsoTooManySegments { .. } => "uso_too_many_segments",
             InvalidHdr::Unsegmentable(_) => "unsegmentable",
+            InvalidHdr::LengthMismatch { .. } => "length_mismatch",
         }
     }
 }
@@ -313,6 +323,8 @@ pub fn validate(hdr: &VirtioNetHdr, frame: &[&[u8]]) -> Result<ValidFrame, Inval
             proto: h.l4_proto(),
         });
     }
+    // A GSO frame may reach a peer whole: its length fields must describe it.
+    check_lengths(&h, frame)?;
     // Rule 3, csum_start minimums; and it must name the L4 header we segment by.
     if hdr.needs_csum() {
         let min = match h.l3 {
@@ -357,7 +369,14 @@ pub fn validate(hdr: &VirtioNetHdr, frame: &[&[u8]]) -> Result<ValidFrame, Inval
                 });
             }
         }
-        GsoKind::Udp | GsoKind::None => {}
+        GsoKind::Udp => {
+            // A UFO frame a peer accepts goes to it whole: its checksum field must be
+            // the UDP one, or the peer completes the checksum into other bytes.
+            if hdr.needs_csum() && hdr.csum_offset != 6 {
+                return Err(InvalidHdr::UfoCsumOffset(hdr.csum_offset));
+            }
+        }
+        GsoKind::None => {}
     }
     // What segmentation itself needs (lengths, fragment sizes).
     let p = segment::plan(kind, hdr.gso_size, &h, None).map_err(InvalidHdr::Unsegmentable)?;
@@ -373,6 +392,46 @@ pub fn validate(hdr: &VirtioNetHdr, frame: &[&[u8]]) -> Result<ValidFrame, Inval
         headers: Some(h),
         segments: p.segments,
     })
+}
+
+/// The IPv4 total length / IPv6 payload length, and the UDP length, must be the
+/// frame's. A GSO frame that passes whole to a peer carries them unchanged, so a
+/// frame whose fields disagree with its size would reach the peer malformed (Linux
+/// senders always fill them in; a UDP datagram too long for its field is exempt).
+fn check_lengths(h: &Headers, frame: &[&[u8]]) -> Result<(), InvalidHdr> {
+    let mut buf = [0u8; parse::MAX_HEADERS];
+    let n = parse::gather(frame, &mut buf);
+    let be16 = |i: usize| -> Option<usize> {
+        (i + 2 <= n).then(|| usize::from(u16::from_be_bytes([buf[i], buf[i + 1]])))
+    };
+    let mismatch = |field, says, actual| InvalidHdr::LengthMismatch {
+        field,
+        says,
+        actual,
+    };
+    let l3_len = h.frame_len - h.l3_off;
+    match h.l3 {
+        L3::Ipv4 => {
+            let says = be16(h.l3_off + 2).unwrap_or(0);
+            if says != l3_len {
+                return Err(mismatch("IPv4 total length", says, l3_len));
+            }
+        }
+        L3::Ipv6 => {
+            let says = be16(h.l3_off + 4).unwrap_or(0);
+            if says != l3_len - 40 {
+                return Err(mismatch("IPv6 payload length", says, l3_len - 40));
+            }
+        }
+    }
+    if h.l4 == L4::Udp {
+        let udp_len = h.frame_len - h.l4_off;
+        let says = be16(h.l4_off + 4).unwrap_or(0);
+        if udp_len <= segment::MAX_IP_LEN && says != udp_len {
+            return Err(mismatch("UDP length", says, udp_len));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -604,6 +663,39 @@ mod tests {
         }
 
         #[test]
+        fn gso_frame_length_fields_must_match_the_frame() {
+            // Found by the hostile-guest e2e test: a TSO frame with IPv4 total length
+            // 0xffff reached a GSO-capable peer whole, malformed.
+            let mismatch = |field, says, actual| {
+                Err(InvalidHdr::LengthMismatch {
+                    field,
+                    says,
+                    actual,
+                })
+            };
+            let (mut f, l4) = tcp(false, 3000);
+            let h = gso_hdr(GsoKind::TcpV4, 1448, l4, true);
+            assert!(v(&h, &f).is_ok());
+            f[16..18].copy_from_slice(&0xffffu16.to_be_bytes());
+            assert_eq!(
+                v(&h, &f),
+                mismatch("IPv4 total length", 0xffff, f.len() - 14)
+            );
+            let (mut f, l6) = tcp(true, 3000);
+            let h = gso_hdr(GsoKind::TcpV6, 1448, l6, true);
+            f[18..20].copy_from_slice(&7u16.to_be_bytes());
+            assert_eq!(v(&h, &f), mismatch("IPv6 payload length", 7, f.len() - 54));
+            let (mut f, lu) = udp(false, 3000);
+            let h = gso_hdr(GsoKind::UdpL4, 1448, lu, false);
+            assert!(v(&h, &f).is_ok());
+            f[lu + 4..lu + 6].copy_from_slice(&8u16.to_be_bytes());
+            assert_eq!(v(&h, &f), mismatch("UDP length", 8, f.len() - lu));
+            // Plain frames are not parsed: their lengths are the receiver's business.
+            let plain = VirtioNetHdr::default();
+            assert!(v(&plain, &f).is_ok());
+        }
+
+        #[test]
         fn rule5_tso_csum_offset() {
             let (f, l4) = tcp(false, 3000);
             let mut h = gso_hdr(GsoKind::TcpV4, 1448, l4, true);
@@ -643,6 +735,17 @@ mod tests {
                 ..ok
             };
             assert_eq!(v(&h, &f), Err(InvalidHdr::UsoEcn));
+        }
+
+        #[test]
+        fn rule5_ufo_csum_offset() {
+            // Found by the hostile-guest e2e test: UFO with csum_offset 1 reached a
+            // UFO-capable peer whole, which would write the checksum into the ports.
+            let (f, lu) = udp(true, 2424);
+            let mut h = gso_hdr(GsoKind::Udp, 1448, lu, false);
+            assert!(v(&h, &f).is_ok());
+            h.csum_offset = 1;
+            assert_eq!(v(&h, &f), Err(InvalidHdr::UfoCsumOffset(1)));
         }
 
         #[test]

@@ -9,7 +9,7 @@ use super::port::Port;
 use super::stats::Counters;
 use crate::features::Caps;
 use crate::segment::{CsumMode, SegmentOpts, Segmenter};
-use crate::vnet_hdr::{VirtioNetHdr, F_DATA_VALID};
+use crate::vnet_hdr::{VirtioNetHdr, F_DATA_VALID, F_NEEDS_CSUM};
 
 /// A frame in flight: its header and its bytes (guest memory or a read buffer).
 #[derive(Clone, Copy, Debug)]
@@ -111,6 +111,32 @@ pub fn choose(hdr: &VirtioNetHdr, caps: Caps, capped: bool) -> Path {
     }
 }
 
+/// The header a frame passed intact carries to a destination with `caps`: only what
+/// the virtio spec lets a device set (NEEDS_CSUM, and DATA_VALID for a destination
+/// that takes checksums; no RSC_INFO or unknown bits), and the fields that mean
+/// nothing for this frame zeroed, as Linux's `virtio_net_hdr_from_skb` leaves them.
+/// The sender's header is guest input: none of its other bits reach a peer.
+pub fn rx_header(sent: &VirtioNetHdr, caps: Caps) -> VirtioNetHdr {
+    let mut keep = F_NEEDS_CSUM;
+    if caps.csum {
+        keep |= F_DATA_VALID;
+    }
+    let mut hdr = VirtioNetHdr {
+        flags: sent.flags & keep,
+        ..VirtioNetHdr::default()
+    };
+    if hdr.needs_csum() {
+        hdr.csum_start = sent.csum_start;
+        hdr.csum_offset = sent.csum_offset;
+    }
+    if sent.gso.is_gso() {
+        hdr.gso = sent.gso;
+        hdr.gso_size = sent.gso_size;
+        hdr.hdr_len = sent.hdr_len;
+    }
+    hdr
+}
+
 /// Delivers `frame` to `dst` through its queue `queue`.
 pub fn deliver(frame: &Frame, dst: &dyn Destination, queue: usize, ctx: &mut DeliverCtx) -> Path {
     let caps = dst.caps();
@@ -124,10 +150,7 @@ pub fn deliver(frame: &Frame, dst: &dyn Destination, queue: usize, ctx: &mut Del
     } = ctx;
     match path {
         Path::Intact => {
-            let mut hdr = frame.hdr;
-            if !caps.csum {
-                hdr.flags &= !F_DATA_VALID;
-            }
+            let hdr = rx_header(&frame.hdr, caps);
             match dst.send(queue, &hdr, frame.parts, pending) {
                 Ok(()) => {
                     stats.rx(frame.len);
@@ -200,7 +223,7 @@ pub fn deliver(frame: &Frame, dst: &dyn Destination, queue: usize, ctx: &mut Del
 mod tests {
     use super::*;
     use crate::segment::testutil::{build, gso_hdr, FrameSpec};
-    use crate::vnet_hdr::{GsoKind, GsoType, F_NEEDS_CSUM};
+    use crate::vnet_hdr::{GsoKind, GsoType, F_NEEDS_CSUM, F_RSC_INFO};
     use std::cell::RefCell;
 
     /// Records what it is handed: the header and the frame length of each send.
@@ -447,5 +470,51 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn rx_header_keeps_only_what_a_device_may_set() {
+        // Found by the hostile-guest e2e test: a guest's RSC_INFO and unknown flag
+        // bits, and its junk csum/gso fields, were passed on to peers.
+        let junk = VirtioNetHdr {
+            flags: F_RSC_INFO | F_DATA_VALID | 0xf0,
+            gso: GsoType::NONE,
+            hdr_len: 77,
+            gso_size: 1234,
+            csum_start: 34,
+            csum_offset: 17566,
+            num_buffers: 9,
+        };
+        let plain = Caps::default();
+        assert_eq!(rx_header(&junk, plain), VirtioNetHdr::default());
+        let csum = Caps {
+            csum: true,
+            ..Caps::default()
+        };
+        let h = rx_header(&junk, csum);
+        assert_eq!(h.flags, F_DATA_VALID);
+        assert_eq!(
+            (h.csum_start, h.csum_offset, h.gso_size, h.hdr_len),
+            (0, 0, 0, 0)
+        );
+
+        let tso = VirtioNetHdr {
+            flags: F_NEEDS_CSUM | F_RSC_INFO,
+            gso: GsoType::new(GsoKind::TcpV4),
+            hdr_len: 66,
+            gso_size: 1448,
+            csum_start: 34,
+            csum_offset: 16,
+            num_buffers: 0,
+        };
+        let h = rx_header(&tso, Caps::ALL);
+        assert_eq!(
+            h,
+            VirtioNetHdr {
+                flags: F_NEEDS_CSUM,
+                num_buffers: 1,
+                ..tso
+            }
+        );
     }
 }
