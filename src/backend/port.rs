@@ -277,12 +277,14 @@ impl PortBackend {
                     match tx::read_chain(&mem, chain, neg.hdr_len(), qsize as usize) {
                         Ok(f) => {
                             port.stats.tx(f.len);
-                            if let Err(reason) = check_tx(&neg, &f.hdr, &f.parts) {
+                            let mut head = [0u8; tx::PRIVATE_HEAD];
+                            let parts = tx::private_head(&f.parts, &mut head);
+                            if let Err(reason) = check_tx(&neg, &f.hdr, &parts) {
                                 port.stats.drop(reason);
                             } else {
                                 let frame = Frame {
                                     hdr: f.hdr,
-                                    parts: &f.parts,
+                                    parts: &parts,
                                     len: f.len,
                                 };
                                 self.switch

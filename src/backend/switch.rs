@@ -31,6 +31,9 @@ pub type Mac = [u8; 6];
 pub type FdbKey = (Domain, Mac);
 
 /// MAC learning table with aging, one address space per VLAN.
+/// Most addresses the learning table holds.
+pub const FDB_MAX: usize = 8192;
+
 pub struct Fdb {
     entries: HashMap<FdbKey, (Endpoint, Instant)>,
     /// Addresses the operator configured: never aged, never moved by learning.
@@ -51,11 +54,23 @@ impl Fdb {
         self.pinned.insert(key, at);
     }
 
-    /// Learns `key` at `at` (multicast sources are never learned).
+    /// Learns `key` at `at` (multicast sources are never learned). The table holds at
+    /// most `FDB_MAX` addresses, so a guest sending from random source addresses
+    /// cannot grow it without bound: when full, aged entries go first, and if none
+    /// have aged, new addresses are not learned (frames to them are flooded).
     pub fn learn(&mut self, key: FdbKey, at: Endpoint, now: Instant) {
-        if key.1[0] & 1 == 0 && !self.pinned.contains_key(&key) {
-            self.entries.insert(key, (at, now));
+        if key.1[0] & 1 != 0 || self.pinned.contains_key(&key) {
+            return;
         }
+        if self.entries.len() >= FDB_MAX && !self.entries.contains_key(&key) {
+            let aging = self.aging;
+            self.entries
+                .retain(|_, (_, seen)| now.duration_since(*seen) <= aging);
+            if self.entries.len() >= FDB_MAX {
+                return;
+            }
+        }
+        self.entries.insert(key, (at, now));
     }
 
     pub fn lookup(&mut self, key: &FdbKey, now: Instant) -> Option<Endpoint> {
@@ -419,6 +434,32 @@ mod tests {
             f.lookup(&(None, a), t0 + Duration::from_secs(100)),
             Some(Endpoint::Port(3))
         );
+    }
+
+    #[test]
+    fn table_is_bounded_and_makes_room_from_aged_entries() {
+        let t0 = Instant::now();
+        let mut f = Fdb::new(Duration::from_secs(10));
+        let key = |i: usize| -> FdbKey {
+            let b = (i as u32).to_be_bytes();
+            (None, [2, 0, b[0], b[1], b[2], b[3]])
+        };
+        for i in 0..FDB_MAX + 100 {
+            f.learn(key(i), Endpoint::Port(1), t0);
+        }
+        assert_eq!(f.entries.len(), FDB_MAX);
+        assert_eq!(
+            f.lookup(&key(FDB_MAX + 50), t0),
+            None,
+            "learned past the limit"
+        );
+        assert_eq!(f.lookup(&key(5), t0), Some(Endpoint::Port(1)));
+        // Known addresses still move; once entries age, new ones are learned again.
+        f.learn(key(5), Endpoint::Port(2), t0);
+        assert_eq!(f.lookup(&key(5), t0), Some(Endpoint::Port(2)));
+        let later = t0 + Duration::from_secs(11);
+        f.learn(key(FDB_MAX + 50), Endpoint::Port(3), later);
+        assert_eq!(f.lookup(&key(FDB_MAX + 50), later), Some(Endpoint::Port(3)));
     }
 
     #[test]

@@ -118,6 +118,33 @@ where
     Ok(TxFrame { hdr, parts, len })
 }
 
+/// How much of a frame is copied out of guest memory before it is checked: all the
+/// headers the segmenter may parse.
+pub const PRIVATE_HEAD: usize = crate::segment::parse::MAX_HEADERS;
+
+/// Copies the first bytes of a frame (its headers) into `buf` and returns the frame
+/// as that copy followed by the rest, still in guest memory. Validation, switching,
+/// segmentation and pass-through then all see one version of the headers, whatever
+/// the guest writes into its buffers meanwhile; the payload is still not copied.
+pub fn private_head<'a>(parts: &[&'a [u8]], buf: &'a mut [u8]) -> Vec<&'a [u8]> {
+    let mut copied = 0;
+    let mut out = Vec::with_capacity(parts.len() + 1);
+    let mut rest = parts.iter();
+    for p in rest.by_ref() {
+        let take = (buf.len() - copied).min(p.len());
+        buf[copied..copied + take].copy_from_slice(&p[..take]);
+        copied += take;
+        if take < p.len() {
+            out.push(&p[take..]);
+            break;
+        }
+    }
+    out.extend(rest.copied());
+    let (head, _) = buf.split_at(copied);
+    out.insert(0, head);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +217,25 @@ mod tests {
             read_chain(&m, long, HDR_LEN, 256).unwrap_err(),
             TxError::TooLong
         );
+    }
+
+    #[test]
+    fn private_head_copies_the_headers_and_keeps_the_rest() {
+        let a: Vec<u8> = (0..10).collect();
+        let b: Vec<u8> = (10..30).collect();
+        let c: Vec<u8> = (30..40).collect();
+        let parts = [&a[..], &b[..], &c[..]];
+        let mut buf = [0u8; 16];
+        let out = private_head(&parts, &mut buf);
+        assert_eq!(out.concat(), (0..40).collect::<Vec<u8>>());
+        assert_eq!(out[0].len(), 16);
+        // The rest is still the guest's memory, not a copy.
+        assert_eq!(out[1].as_ptr(), b[6..].as_ptr());
+        assert_eq!(out[2].as_ptr(), c.as_ptr());
+        // A frame shorter than the buffer is copied whole.
+        let mut big = [0u8; 64];
+        let out = private_head(&parts, &mut big);
+        assert_eq!((out.len(), out[0].len()), (1, 40));
     }
 
     #[test]
