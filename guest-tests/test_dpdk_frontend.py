@@ -328,6 +328,18 @@ class Capture:
         self.s.close()
 
 
+def _settle(probe, timeout: float = 5.0):
+    """Calls ``probe()`` until it returns (True, value) or ``timeout`` passes;
+    returns the last value. For counters that catch up a moment after traffic stops
+    (a worker or a polling frontend not yet scheduled on a busy machine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ok, value = probe()
+        if ok or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
 def _tap_tx_dropped(tap: str) -> int:
     """Frames the kernel dropped because the tap's queue was full (gsonet not reading)."""
     return int(Path(f"/sys/class/net/{tap}/statistics/tx_dropped").read_text())
@@ -378,8 +390,13 @@ def test_txonly_to_tap(dpdk_env, tmp_path, record_measurement):
                 secs = time.monotonic() - t0
                 tp.cmd("stop")
                 tps = tp.port_stats()
-            time.sleep(0.3)
-            after = gs.stats()
+
+                def drained():
+                    st = gs.stats()
+                    n = st["ports"][0]["stats"]["tx_frames"] - before["ports"][0]["stats"]["tx_frames"]
+                    return n == tps["tx_packets"], st
+                _settle(drained)
+            after = _settle(lambda: (False, gs.stats()), 0.2)
             cap.close()
             got = 0
             while True:
@@ -460,9 +477,14 @@ def test_tap_to_rxonly(dpdk_env, tmp_path, record_measurement):
                 if i % 32 == 31:
                     time.sleep(0.001)
             s.close()
-            time.sleep(0.5)
-            after, tp1 = gs.stats(), tp.port_stats()
-            tap_drops = _tap_tx_dropped(tap) - tap_drops0
+
+            def all_in():
+                st, ts, td = gs.stats(), tp.port_stats(), _tap_tx_dropped(tap) - tap_drops0
+                u = st["uplinks"][0]["stats"]["tx_frames"] - before["uplinks"][0]["stats"]["tx_frames"]
+                n = st["ports"][0]["stats"]["rx_frames"] - before["ports"][0]["stats"]["rx_frames"]
+                return (u + td >= n_frames + 5 and ts["rx_packets"] - tp0["rx_packets"] == n,
+                        (st, ts, td))
+            after, tp1, tap_drops = _settle(all_in)
     port = G.counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
     up = G.counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
     rx = tp1["rx_packets"] - tp0["rx_packets"]
@@ -506,8 +528,18 @@ def test_two_frontends_switched(dpdk_env, tmp_path, record_measurement):
                 time.sleep(3)
                 a.cmd("stop")
                 a1 = a.port_stats()
-            time.sleep(0.3)
-            after, b1 = gs.stats(), b.port_stats()
+
+                def a_drained():
+                    st = gs.stats()
+                    n = st["ports"][0]["stats"]["tx_frames"] - before["ports"][0]["stats"]["tx_frames"]
+                    return n == a1["tx_packets"], st
+                _settle(a_drained)
+
+            def b_caught_up():
+                st, bs = gs.stats(), b.port_stats()
+                n = st["ports"][1]["stats"]["rx_frames"] - before["ports"][1]["stats"]["rx_frames"]
+                return bs["rx_packets"] - b0["rx_packets"] == n, (st, bs)
+            after, b1 = _settle(b_caught_up)
     record_measurement("dpdk.acked.offloads_requested", _caps_str(pb))
     pa_d = G.counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
     pb_d = G.counters_delta(before["ports"][1]["stats"], after["ports"][1]["stats"])
