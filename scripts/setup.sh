@@ -76,6 +76,18 @@ else
 fi
 say "qemu: $(qemu-system-x86_64 --version | head -1)"
 
+# 2b. DPDK (dpdk-testpmd: its net_virtio_user vdev is a second vhost-user frontend
+# for guest-tests/test_dpdk_frontend.py). Optional: those tests skip without it.
+if dpkg-query -W -f='${Status}' dpdk 2>/dev/null | grep -q 'install ok installed' \
+    && command -v dpdk-testpmd >/dev/null; then
+    say "dpdk: present"
+elif apt-get install -y -q --no-install-recommends dpdk \
+    || { apt-get update -q && apt-get install -y -q --no-install-recommends dpdk; }; then
+    say "dpdk: installed"
+else
+    say "WARNING: could not install dpdk; test_dpdk_frontend.py will skip"
+fi
+
 # 3. Python test dependencies that apt may lack (none today; pip as fallback).
 for mod in pytest scapy; do
     if ! python3 -c "import $mod" 2>/dev/null; then

@@ -158,7 +158,12 @@ fn serve_port(port: Arc<Port>, switch: Arc<Switch>, listener: Option<UnixListene
         port.set_connected(false);
         switch.port_down(port.id);
         match r {
-            Ok(()) => info!(port = %name, "frontend disconnected; waiting for the next"),
+            // Closing the socket is how a frontend leaves (QEMU quitting, DPDK's
+            // virtio_user closing its port): not a fault.
+            Ok(())
+            | Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected,
+            )) => info!(port = %name, "frontend disconnected; waiting for the next"),
             Err(e) => warn!(port = %name, "frontend connection ended: {e}; waiting for the next"),
         }
     }
