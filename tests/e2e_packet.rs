@@ -137,6 +137,11 @@ struct Daemon {
 
 impl Daemon {
     fn start(tag: &str, uplink: &str) -> Daemon {
+        Self::start_with(tag, "", uplink)
+    }
+
+    /// `port_extra`: more `--port` options, e.g. `",vlan=10"`.
+    fn start_with(tag: &str, port_extra: &str, uplink: &str) -> Daemon {
         let socket = temp_socket_path(&format!("pkt-{tag}"));
         let control = temp_socket_path(&format!("pkt-ctl-{tag}"));
         let log = std::env::temp_dir().join(format!(
@@ -147,7 +152,11 @@ impl Daemon {
             .args([
                 "serve",
                 "--port",
-                &format!("socket={},mac={}", socket.display(), fmt_mac(&GUEST_MAC)),
+                &format!(
+                    "socket={},mac={}{port_extra}",
+                    socket.display(),
+                    fmt_mac(&GUEST_MAC)
+                ),
                 "--uplink",
                 uplink,
                 "--control",
@@ -690,6 +699,45 @@ fn dev_uplink_with_fanout_and_qdisc_bypass() {
         }
     }
     assert_eq!(seen, vec![1; 20], "frames per payload byte");
+}
+
+/// The kernel takes VLAN tags off frames before an AF_PACKET socket sees them; the
+/// uplink must put them back, or tagged traffic would land in the untagged domain.
+#[test]
+fn dev_uplink_keeps_vlan_tags_for_access_ports() {
+    if !is_root() {
+        eprintln!("skipping: needs root");
+        return;
+    }
+    let net = Net::new("v").expect("netns + veth");
+    let d = Daemon::start_with("v", ",vlan=10", &format!("dev={}", net.host));
+    let mut fe = frontend(&d);
+    let raw = net.within(|| Raw::open(&net.peer));
+    let tagged = |vid: u16, data: &[u8]| {
+        let plain = udp4_frame(GUEST_MAC, PEER_MAC, PEER_IP, GUEST_IP, data);
+        let mut f = plain[..12].to_vec();
+        f.extend_from_slice(&[0x81, 0x00]);
+        f.extend_from_slice(&vid.to_be_bytes());
+        f.extend_from_slice(&plain[12..]);
+        (plain, f)
+    };
+    let (plain10, f10) = tagged(10, b"for vlan ten");
+    let (_, f20) = tagged(20, b"for vlan twenty");
+    let untagged = udp4_frame(GUEST_MAC, PEER_MAC, PEER_IP, GUEST_IP, b"untagged");
+    let none = VirtioNetHdr::default();
+    raw.send(&none, &f20);
+    raw.send(&none, &untagged);
+    raw.send(&none, &f10);
+    // Only the VLAN-10 frame reaches the access port, and without its tag; nothing
+    // from the untagged domain or VLAN 20 does.
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < deadline {
+        if let Some((_, f)) = fe.recv(Duration::from_millis(100)) {
+            got.push(f);
+        }
+    }
+    assert_eq!(got, vec![plain10], "{}", d.log());
 }
 
 #[test]
