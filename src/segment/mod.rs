@@ -386,6 +386,43 @@ pub(crate) fn give_back(spare: &mut Vec<&'static [u8]>, parts: Vec<&[u8]>) {
     *spare = recycle(parts);
 }
 
+/// Starts segment `i` of a TCP or USO plan: takes its payload from `cur` (summed when
+/// `full`), copies the template headers into `b.hdr` and sets the IP total length and
+/// ID. Returns the payload slices (slot 0 kept for the headers), their length and sum.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn begin_segment<'f>(
+    b: &mut Bufs<'_>,
+    h: &Headers,
+    p: &Plan,
+    cur: &mut Cursor<'f>,
+    i: usize,
+    full: bool,
+    ip_base: &csum::Checksum,
+    id0: u16,
+) -> Result<(Vec<&'f [u8]>, usize, csum::Checksum), SegmentError> {
+    let hl = h.hdr_len();
+    let start = i * p.mss;
+    let len = p.mss.min(h.payload_len() - start);
+    let mut parts = take_parts(b.spare);
+    parts.push(&[]);
+    let mut data = csum::Checksum::new();
+    if !cur.take(len, &mut parts, full.then_some(&mut data)) {
+        give_back(b.spare, parts);
+        return Err(truncated(hl + start + len, h.frame_len));
+    }
+    b.hdr.clear();
+    b.hdr.extend_from_slice(&b.tmpl[..hl]);
+    ip::set_l3_fast(
+        &mut b.hdr[..],
+        h,
+        ip_base,
+        hl - h.l3_off + len,
+        id0.wrapping_add(i as u16),
+    );
+    Ok((parts, len, data))
+}
+
 /// Emits one segment, counts it; false means stop.
 #[inline]
 pub(crate) fn send<F>(

@@ -2,10 +2,10 @@
 //! edits in one place (after Linux `tcp_gso_segment`).
 
 use super::csum::Checksum;
-use super::ip::{be16, be32, ipv4_base, pseudo, put16, put32, set_l3_fast};
+use super::ip::{be16, be32, ipv4_base, pseudo, put16, put32};
 use super::parse::{Headers, IPPROTO_TCP, L3};
 use super::{
-    give_back, partial_vnet, send, take_parts, truncated, Bufs, CsumMode, Cursor, Plan, Segment,
+    begin_segment, give_back, partial_vnet, send, truncated, Bufs, CsumMode, Cursor, Plan, Segment,
     SegmentError, SegmentSummary,
 };
 use crate::vnet_hdr::VirtioNetHdr;
@@ -32,7 +32,6 @@ where
 {
     let hl = h.hdr_len();
     let l4 = h.l4_off;
-    let payload = h.payload_len();
     let mut cur = Cursor::new(frame);
     if !cur.skip(hl) {
         return Err(truncated(hl, h.frame_len));
@@ -56,25 +55,8 @@ where
 
     for i in 0..p.segments {
         let start = i * p.mss;
-        let len = p.mss.min(payload - start);
-        let mut parts = take_parts(b.spare);
-        parts.push(&[]);
-        let mut data = Checksum::new();
-        if !cur.take(len, &mut parts, full.then_some(&mut data)) {
-            give_back(b.spare, parts);
-            return Err(truncated(hl + start + len, h.frame_len));
-        }
-
-        b.hdr.clear();
-        b.hdr.extend_from_slice(&b.tmpl[..hl]);
+        let (mut parts, len, data) = begin_segment(b, h, p, &mut cur, i, full, &ip_base, id0)?;
         let hdr = &mut b.hdr[..];
-        set_l3_fast(
-            hdr,
-            h,
-            &ip_base,
-            hl - h.l3_off + len,
-            id0.wrapping_add(i as u16),
-        );
         put32(hdr, l4 + 4, seq0.wrapping_add(start as u32));
         let mut flags = flags0;
         if i + 1 < p.segments {

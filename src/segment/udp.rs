@@ -2,13 +2,11 @@
 //! and fragmentation of one large datagram (UFO: IPv4 fragments, IPv6 Fragment header).
 
 use super::csum::Checksum;
-use super::ip::{
-    be16, ipv4_base, ipv4_strip_uncopied_options, pseudo, put16, set_l3, set_l3_fast, IPV4_MF,
-};
+use super::ip::{be16, ipv4_base, ipv4_strip_uncopied_options, pseudo, put16, set_l3, IPV4_MF};
 use super::parse::{Headers, IPPROTO_UDP, IPV6_FRAGMENT, L3, UDP_LEN};
 use super::{
-    give_back, partial_vnet, send, take_parts, truncated, Bufs, CsumMode, Cursor, Plan, Segment,
-    SegmentError, SegmentSummary,
+    begin_segment, give_back, partial_vnet, send, take_parts, truncated, Bufs, CsumMode, Cursor,
+    Plan, Segment, SegmentError, SegmentSummary,
 };
 use crate::vnet_hdr::VirtioNetHdr;
 
@@ -40,7 +38,6 @@ where
 {
     let hl = h.hdr_len();
     let l4 = h.l4_off;
-    let payload = h.payload_len();
     let mut cur = Cursor::new(frame);
     if !cur.skip(hl) {
         return Err(truncated(hl, h.frame_len));
@@ -56,26 +53,8 @@ where
     ports.add_bytes(&b.tmpl[l4..l4 + 4]);
 
     for i in 0..p.segments {
-        let start = i * p.mss;
-        let len = p.mss.min(payload - start);
-        let mut parts = take_parts(b.spare);
-        parts.push(&[]);
-        let mut data = Checksum::new();
-        if !cur.take(len, &mut parts, full.then_some(&mut data)) {
-            give_back(b.spare, parts);
-            return Err(truncated(hl + start + len, h.frame_len));
-        }
-
-        b.hdr.clear();
-        b.hdr.extend_from_slice(&b.tmpl[..hl]);
+        let (mut parts, len, data) = begin_segment(b, h, p, &mut cur, i, full, &ip_base, id0)?;
         let hdr = &mut b.hdr[..];
-        set_l3_fast(
-            hdr,
-            h,
-            &ip_base,
-            hl - h.l3_off + len,
-            id0.wrapping_add(i as u16),
-        );
         let udp_len = UDP_LEN + len;
         put16(hdr, l4 + 4, udp_len as u16);
         put16(hdr, l4 + 6, 0);
