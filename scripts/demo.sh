@@ -2,7 +2,7 @@
 # gsonet demo: one TCG guest on gsonet (vhost-user, tap uplink) and the same
 # guest image on QEMU's built-in virtio-net + tap, iperf3 both ways, side by side.
 #
-#   sudo scripts/demo.sh            # SECONDS_PER_RUN=3 REPEATS=1 by default
+#   sudo scripts/demo.sh            # SECONDS_PER_RUN=3 REPEATS=3 by default
 #
 # Env: SECONDS_PER_RUN, REPEATS, SKIP_SETUP=1, SKIP_BUILD=1, SKIP_QEMU_TAP=1,
 #      GSONET_BIN (default target/release/gsonet).
@@ -11,7 +11,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 SECS="${SECONDS_PER_RUN:-3}"
-REPEATS="${REPEATS:-1}"
+REPEATS="${REPEATS:-3}"
 DEMO_DIR=/tmp/gsonet-demo
 SOCK="$DEMO_DIR/vm1.sock"
 CONTROL="$DEMO_DIR/control.sock"
