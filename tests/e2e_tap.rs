@@ -453,3 +453,57 @@ fn tso4_to_tap_with_software_gso_is_segmented() {
     assert_eq!(uplink_counter(&s, 0, "gso_segmented"), 1, "{s:#}");
     assert_eq!(uplink_counter(&s, 0, "gso_passed"), 0, "{s:#}");
 }
+
+/// A guest that stops reading its RX queue may cost frames for itself, never a stall
+/// for the others behind the same tap: after `RX_STALL` the tap reader stops waiting
+/// for it and drops its frames at once (`rx_queue_stalled`).
+#[test]
+fn a_guest_that_stops_reading_does_not_hold_up_the_others() {
+    require_tun!();
+    let d = Daemon::start(&DaemonSpec::ports(2).with_tap("")).expect("start gsonet");
+    let host = PacketSock::bind(d.tap.as_ref().unwrap(), true).expect("AF_PACKET on the tap");
+    let (mac_a, mac_b) = (frames::mac(0x1a), frames::mac(0x1b));
+    let mut a = TestFrontend::connect(&d.sockets[0], opts(FEATS)).expect("frontend A");
+    let mut b = TestFrontend::connect(&d.sockets[1], opts(FEATS)).expect("frontend B");
+    a.post_rx(4, 2048).unwrap();
+    b.post_rx(256, 2048).unwrap();
+    for (fe, mac) in [(&mut a, mac_a), (&mut b, mac_b)] {
+        let (h, f) = frames::udp(
+            &Flow::new(mac, frames::BROADCAST, Ips::v4()).ports(68, 67),
+            b"hi",
+            UdpGso::None,
+        );
+        fe.send(&h, &f, TxLayout::Single).unwrap();
+        host.collect(T, |s| s.frame == f, |v| !v.is_empty())
+            .unwrap();
+    }
+    // 40 frames for A (which never reads again) interleaved with 40 for B.
+    let n = 40;
+    let start = std::time::Instant::now();
+    for i in 0..n {
+        for (mac, port) in [(mac_a, 7000), (mac_b, 7001)] {
+            let flow = Flow::new(far_mac(), mac, Ips::v4()).ports(port, 9);
+            let (h, f) = frames::udp(&flow, &frames::payload(200, i), UdpGso::None);
+            host.send(&h, &f).unwrap();
+        }
+    }
+    let mut got = 0;
+    while got < n as usize && start.elapsed() < Duration::from_secs(10) {
+        if recv_where(&mut b, Duration::from_millis(200), |x| {
+            l4_ports(&x.frame) == Some((7001, 9))
+        })
+        .is_some()
+        {
+            got += 1;
+        }
+    }
+    let took = start.elapsed();
+    let s = d.stats().unwrap();
+    assert_eq!(got, n as usize, "B got {got} of {n}\n{s:#}");
+    // Without the stall rule each of A's ~36 frames would hold the reader 200 ms.
+    assert!(
+        took < Duration::from_secs(3),
+        "B's frames took {took:?}\n{s:#}"
+    );
+    assert!(drop_count(&s["ports"][0]["stats"], "rx_queue_stalled") > 0, "{s:#}");
+}

@@ -66,6 +66,8 @@ pub struct DeliverCtx {
 
 /// The drop reason of a full guest RX queue.
 pub const RX_FULL: &str = "rx_queue_full";
+/// The drop reason of a guest RX queue that has stayed full (`port::RX_STALL`).
+pub const RX_STALLED: &str = "rx_queue_stalled";
 
 thread_local! {
     static CTX: RefCell<DeliverCtx> = RefCell::new(DeliverCtx::default());

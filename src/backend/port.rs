@@ -4,8 +4,9 @@
 //! queue's lock only.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use std::os::fd::AsRawFd;
 use tracing::{debug, info, warn};
@@ -32,6 +33,9 @@ use crate::vnet_hdr::{self, VirtioNetHdr};
 pub type Mem = GuestMemoryAtomic<GuestMem>;
 pub type Vring = VringRwLock<Mem>;
 
+/// How long a guest may keep its RX queue full before senders stop waiting for it.
+pub const RX_STALL: Duration = Duration::from_millis(200);
+
 /// How many TX chains one pass handles before signalling the guest.
 const TX_BATCH: usize = 256;
 
@@ -53,6 +57,9 @@ pub struct Port {
     mem: RwLock<Option<Mem>>,
     rx: Vec<Mutex<RxSlot>>,
     connected: AtomicBool,
+    /// When its RX queue was first found full, in ms on `epoch` (0: not full).
+    rx_full_since: AtomicU64,
+    epoch: Instant,
     /// Runtime `max_burst` (0: none), changed with `gsonet ctl`.
     max_burst: AtomicUsize,
     pub stats: Counters,
@@ -69,6 +76,8 @@ impl Port {
             rx: (0..pairs).map(|_| Mutex::new(RxSlot::default())).collect(),
             connected: AtomicBool::new(false),
             max_burst: AtomicUsize::new(cfg.max_burst.unwrap_or(0)),
+            rx_full_since: AtomicU64::new(0),
+            epoch: Instant::now(),
             stats: Counters::default(),
             cfg,
         }
@@ -176,7 +185,37 @@ impl Port {
             // Ask the guest to kick when it adds buffers (avail_event = next_avail).
             let _ = state.enable_notification();
         }
+        match r {
+            Ok(_) => self.rx_full_since.store(0, Ordering::Relaxed),
+            Err(RxError::NoBuffers) => {
+                let now = self.clock_ms().max(1);
+                let _ = self.rx_full_since.compare_exchange(
+                    0,
+                    now,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+            Err(_) => {}
+        }
         r.map(|_| ())
+    }
+
+    fn clock_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// The guest has let its RX queue stay full for `RX_STALL` or more: senders that
+    /// could wait for room (uplink readers) should not, so one guest that stops
+    /// reading cannot hold up traffic for the others.
+    pub fn rx_stalled(&self) -> bool {
+        let since = self.rx_full_since.load(Ordering::Relaxed);
+        since != 0 && self.clock_ms().saturating_sub(since) >= RX_STALL.as_millis() as u64
+    }
+
+    /// The guest added RX buffers.
+    pub fn rx_refilled(&self) {
+        self.rx_full_since.store(0, Ordering::Relaxed);
     }
 
     /// Signals the guest for RX queue `pair` if the ring says it wants it.
@@ -412,6 +451,7 @@ impl VhostUserBackend for PortBackend {
         match device_event {
             0 => {
                 // The guest added RX buffers; uplink readers waiting for room retry.
+                self.port.rx_refilled();
                 self.switch.rx_space(self.port.id);
                 Ok(())
             }

@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 
 use tracing::warn;
 
-use super::deliver::{deliver, DeliverCtx, Destination, Frame, Path, Pending};
+use super::deliver::{deliver, DeliverCtx, Destination, Frame, Path, Pending, RX_STALLED};
 use super::port::Port;
 use super::stats::Counters;
 use super::uplink::Uplink;
 use super::vlan::{self, Domain, Tag, Vid};
 use crate::features::Caps;
+use crate::ring::rx::RxError;
 use crate::segment::parse::gather;
 use crate::vnet_hdr::VirtioNetHdr;
 
@@ -171,6 +172,8 @@ impl Destination for Arc<Port> {
                 pending.rx_written(self, queue % self.queue_pairs());
                 Ok(())
             }
+            // Not worth waiting for: the guest has not read its queue for a while.
+            Err(RxError::NoBuffers) if self.rx_stalled() => Err(RX_STALLED),
             Err(e) => Err(e.reason()),
         }
     }

@@ -22,7 +22,7 @@ use crate::features::Caps;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
 /// How long an uplink reader holds a frame for a guest whose RX queue is full.
-const RX_FULL_PATIENCE: Duration = Duration::from_millis(200);
+const RX_FULL_PATIENCE: Duration = super::port::RX_STALL;
 /// Frames read from one queue before pending guest signals are flushed.
 const RX_BATCH: usize = 64;
 

@@ -245,20 +245,35 @@ mod tests {
         use virtio_queue::mock::MockSplitQueue;
         let m = mem();
         let mock = MockSplitQueue::new(&m, 16);
-        let hdr = VirtioNetHdr { gso_size: 1448, ..Default::default() };
+        let hdr = VirtioNetHdr {
+            gso_size: 1448,
+            ..Default::default()
+        };
         let mut all = hdr.to_bytes().to_vec();
         all.extend(frame_bytes(300));
         // The indirect table: header split 5 | 7, then the frame in two pieces.
-        let pieces = [(0x8000u64, 0..5), (0x8100, 5..12), (0x8203, 12..100), (0x9000, 100..all.len())];
+        let pieces = [
+            (0x8000u64, 0..5),
+            (0x8100, 5..12),
+            (0x8203, 12..100),
+            (0x9000, 100..all.len()),
+        ];
         let table = 0xa000u64;
         for (i, (addr, range)) in pieces.iter().enumerate() {
-            m.write_slice(&all[range.clone()], GuestAddress(*addr)).unwrap();
+            m.write_slice(&all[range.clone()], GuestAddress(*addr))
+                .unwrap();
             let last = i + 1 == pieces.len();
             let flags = if last { 0 } else { VRING_DESC_F_NEXT as u16 };
             let d = Descriptor::new(*addr, range.len() as u32, flags, i as u16 + 1);
-            m.write_obj(RawDescriptor::from(d), GuestAddress(table + 16 * i as u64)).unwrap();
+            m.write_obj(RawDescriptor::from(d), GuestAddress(table + 16 * i as u64))
+                .unwrap();
         }
-        let ind = Descriptor::new(table, 16 * pieces.len() as u32, VRING_DESC_F_INDIRECT as u16, 0);
+        let ind = Descriptor::new(
+            table,
+            16 * pieces.len() as u32,
+            VRING_DESC_F_INDIRECT as u16,
+            0,
+        );
         let chain = mock.build_desc_chain(&[RawDescriptor::from(ind)]).unwrap();
         let f = read_chain(&m, chain, HDR_LEN, 16).unwrap();
         assert_eq!(f.hdr, hdr);
