@@ -927,6 +927,14 @@ class Gsonet:
             raise GuestError(f"gsonet stats failed rc={p.returncode}: {p.stderr}")
         return json.loads(p.stdout)
 
+    def ctl(self, target: str, *settings: str) -> dict:
+        """`gsonet ctl TARGET KEY=VALUE...`; raises on a refusal."""
+        p = subprocess.run([self.binary, "ctl", "--control", str(self.control), target, *settings],
+                           capture_output=True, text=True, timeout=10)
+        if p.returncode != 0:
+            raise GuestError(f"gsonet ctl {target} {settings} failed rc={p.returncode}: {p.stderr}")
+        return json.loads(p.stdout)
+
     def stats_text(self) -> str:
         return subprocess.run([self.binary, "stats", "--control", str(self.control)],
                               capture_output=True, text=True, timeout=10).stdout

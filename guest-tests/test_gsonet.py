@@ -114,6 +114,71 @@ def test_large_frames_pass_intact(gsonet_guest):
     assert not bad, gs.stats_text()
 
 
+def _reload_driver(ns) -> None:
+    """Unbinds and rebinds the guest's virtio-net driver: a device reset and a new
+    feature negotiation on the same vhost-user connection (what a guest reboot does)."""
+    g = ns.guest
+    dev = g.run_ok("ls /sys/bus/virtio/drivers/virtio_net/ | grep virtio").split()[0]
+    g.run_ok(f"echo {dev} > /sys/bus/virtio/drivers/virtio_net/unbind")
+    g.run_ok(f"echo {dev} > /sys/bus/virtio/drivers/virtio_net/bind")
+    g.run_ok("sleep 1; ip link set eth0 up")
+    g.run_ok(f"ip addr add {ns.guest_ip}/24 dev eth0; ip -6 addr add {ns.guest_ip6}/64 dev eth0 nodad || ip -6 addr add {ns.guest_ip6}/64 dev eth0")
+
+
+def test_driver_reload_resumes_traffic(gsonet_guest):
+    """A device reset on the same vhost-user connection (what a guest reboot does):
+    the driver negotiates again, traffic resumes and GSO frames still pass intact."""
+    ns, gs = gsonet_guest, gsonet_guest.gs
+    _reload_driver(ns)
+    assert ns.guest.ethtool_features().get("tcp-segmentation-offload") == "on"
+    p = _wait_connected(gs, 0, True)
+    assert p["guest_tx"]["tso4"] and p["guest_rx"]["tso4"], p
+    rc, out = ns.guest.run(f"ping -c 3 -W 5 {ns.host_ip}", timeout=60)
+    assert rc == 0, out
+    before = gs.stats()
+    for move in (G.transfer_guest_to_host, G.transfer_host_to_guest):
+        r = move(ns.guest, ns.host_ip, mib=2)
+        assert r["ok"], r
+    after = gs.stats()
+    port = G.counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
+    up = G.counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
+    assert port["gso_passed"] > 0 and up["gso_passed"] > 0, gs.stats_text()
+
+
+def test_ctl_mask_applies_to_the_next_connection(guest_env, tmp_path_factory):
+    """`gsonet ctl port:0 tso=off` on a running gsonet: the next QEMU on that port
+    gets no TSO (ethtool shows it off), and no frame over 1514 bytes leaves it."""
+    n = G.alloc_subnet()
+    ns = _host_net(n)
+    tap = f"gsct{os.getpid() % 100000}"
+    work = tmp_path_factory.mktemp("gsonet-ctl")
+    sock = str(work / "vm-ctl.sock")
+    gs = G.Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=work, name="gsonet-ctl")
+    g = None
+    try:
+        gs.start()
+        G.set_addr(tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
+        gs.ctl("port:0", "tso=off")
+        g = G.Guest("gsonet-ctl", G.Guest.vhost_user(sock),
+                    ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
+        g.start()
+        g.wait_booted()
+        feats = g.ethtool_features()
+        assert feats.get("tcp-segmentation-offload") == "off", feats
+        p = _wait_connected(gs, 0, True)
+        assert not p["guest_tx"]["tso4"] and not p["guest_rx"]["tso4"], p
+        r = G.transfer_guest_to_host(g, ns.host_ip, mib=2)
+        assert r["ok"], r
+        st = gs.stats()["ports"][0]["stats"]
+        assert st["gso_passed"] == 0 and st["tx_frames"] > 0, gs.stats_text()
+        assert st["tx_max_frame"] <= 1514, gs.stats_text()
+    finally:
+        if g is not None:
+            g.shutdown()
+        gs.stop()
+        G.delete_link(tap)
+
+
 @pytest.mark.slow
 def test_iperf3_guest_to_host(gsonet_guest, record_measurement):
     gsonet_guest.guest.start_iperf3_server()
@@ -144,7 +209,6 @@ def test_transfer_host_to_guest_32mib(gsonet_guest, record_measurement):
     record_measurement("gsonet.transfer_32mib_host_to_guest_seconds", r["seconds"])
 
 
-@pytest.mark.full
 def test_qemu_restart_while_gsonet_runs(gsonet_guest, record_measurement):
     """Kill QEMU (no clean shutdown), start a new one on the same socket: the
     daemon takes the new frontend, traffic and offloads work again (the tap's

@@ -84,8 +84,9 @@ Logging: RUST_LOG=gsonet=debug")]
         control: PathBuf,
         /// port:N|SOCKET or uplink:N|NAME
         target: String,
-        /// KEY=VALUE settings: ports take the offload switches (=on|off, applied when the
-        /// guest next negotiates) and max_burst=N|off; uplinks take gso=pass|software and max_burst.
+        /// KEY=VALUE settings: ports take the offload switches (=on|off, applied to the
+        /// next frontend connection, e.g. when its QEMU restarts) and max_burst=N|off
+        /// (at once); uplinks take gso=pass|software and max_burst (at once).
         #[arg(required = true)]
         settings: Vec<String>,
     },

@@ -505,5 +505,8 @@ fn a_guest_that_stops_reading_does_not_hold_up_the_others() {
         took < Duration::from_secs(3),
         "B's frames took {took:?}\n{s:#}"
     );
-    assert!(drop_count(&s["ports"][0]["stats"], "rx_queue_stalled") > 0, "{s:#}");
+    assert!(
+        drop_count(&s["ports"][0]["stats"], "rx_queue_stalled") > 0,
+        "{s:#}"
+    );
 }

@@ -141,7 +141,7 @@ fn apply(sw: &Switch, target: &str, settings: &[(String, String)]) -> Result<Val
             p.set_max_burst(burst);
             Ok(
                 json!({"port": p.name(), "offer": format!("{:#x}", p.offered()), "max_burst": burst,
-                      "note": "offload changes apply when the guest next negotiates"}),
+                      "note": "offload changes apply to the next frontend connection (QEMU reads a backend's features once per connection)"}),
             )
         }
         "uplink" => {

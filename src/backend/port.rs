@@ -107,8 +107,9 @@ impl Port {
         self.offer.read().unwrap_or_else(|e| e.into_inner()).0
     }
 
-    /// Re-computes the offer after a mask change; takes effect at the next negotiation
-    /// (the guest's driver reloading or the guest rebooting).
+    /// Re-computes the offer after a mask change. It takes effect with the next
+    /// frontend connection: QEMU asks a backend for its features once per connection
+    /// and keeps them across guest reboots and driver reloads.
     pub fn set_mask(&self, mask: crate::features::FeatureMask) {
         *self.offer.write().unwrap_or_else(|e| e.into_inner()) =
             (mask, features::offer(&mask, self.cfg.queues));
