@@ -68,6 +68,33 @@ def _prop(v) -> str:
     return str(v)
 
 
+def pump_output(fd: int, into, strip_cr: bool = False) -> None:
+    """Reads a child's output until EOF into ``into._buf`` (under ``into._cond``,
+    waking waiters) and its ``into._log`` file, if open. Guest consoles and testpmd
+    prompts are read this way."""
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            break
+        text = data.decode("utf-8", errors="replace")
+        if strip_cr:
+            text = text.replace("\r", "")
+        if into._log:
+            try:
+                into._log.write(text)
+                into._log.flush()
+            except ValueError:
+                pass
+        with into._cond:
+            into._buf += text
+            into._cond.notify_all()
+    with into._cond:
+        into._cond.notify_all()
+
+
 class Guest:
     """One QEMU TCG guest with one virtio-net-pci NIC (netdev id ``n0``).
 
@@ -258,26 +285,7 @@ class Guest:
 
     def _read_console(self) -> None:
         assert self.proc and self.proc.stdout
-        fd = self.proc.stdout.fileno()
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            text = data.decode("utf-8", errors="replace").replace("\r", "")
-            if self._log:
-                try:
-                    self._log.write(text)
-                    self._log.flush()
-                except ValueError:
-                    pass
-            with self._cond:
-                self._buf += text
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
+        pump_output(self.proc.stdout.fileno(), self, strip_cr=True)
 
     def _read_stderr(self) -> None:
         assert self.proc and self.proc.stderr

@@ -120,26 +120,7 @@ class TestPmd:
 
     def _read(self) -> None:
         assert self.proc and self.proc.stdout
-        fd = self.proc.stdout.fileno()
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            text = data.decode("utf-8", errors="replace")
-            if self._log:
-                try:
-                    self._log.write(text)
-                    self._log.flush()
-                except ValueError:
-                    pass
-            with self._cond:
-                self._buf += text
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
+        G.pump_output(self.proc.stdout.fileno(), self)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
