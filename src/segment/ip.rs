@@ -64,6 +64,14 @@ pub(crate) fn ipv4_base(tmpl: &[u8], h: &Headers) -> Checksum {
     c
 }
 
+/// The IPv4 ID the first segment keeps (later ones count up from it); 0 for IPv6.
+pub(crate) fn first_ip_id(tmpl: &[u8], h: &Headers) -> u16 {
+    match h.l3 {
+        L3::Ipv4 => be16(tmpl, h.l3_off + 4),
+        L3::Ipv6 => 0,
+    }
+}
+
 /// `set_l3` for TCP/USO segments: the IPv4 checksum from `base` (see `ipv4_base`).
 #[inline]
 pub(crate) fn set_l3_fast(hdr: &mut [u8], h: &Headers, base: &Checksum, l3_total: usize, id: u16) {

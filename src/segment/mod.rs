@@ -306,6 +306,16 @@ impl<'f> Cursor<'f> {
         }
     }
 
+    /// A cursor at the payload, past the frame's `h.hdr_len()` header bytes.
+    pub fn at_payload(frame: &'f [&'f [u8]], h: &Headers) -> Result<Self, SegmentError> {
+        let mut cur = Cursor::new(frame);
+        if cur.skip(h.hdr_len()) {
+            Ok(cur)
+        } else {
+            Err(truncated(h.hdr_len(), h.frame_len))
+        }
+    }
+
     /// Advances `n` bytes; false if the frame ends first.
     pub fn skip(&mut self, n: usize) -> bool {
         self.walk(n, |_| {})

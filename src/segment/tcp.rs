@@ -2,10 +2,10 @@
 //! edits in one place (after Linux `tcp_gso_segment`).
 
 use super::csum::Checksum;
-use super::ip::{be16, be32, ipv4_base, pseudo, put16, put32};
-use super::parse::{Headers, IPPROTO_TCP, L3};
+use super::ip::{be32, first_ip_id, ipv4_base, pseudo, put16, put32};
+use super::parse::{Headers, IPPROTO_TCP};
 use super::{
-    begin_segment, give_back, partial_vnet, send, truncated, Bufs, CsumMode, Cursor, Plan, Segment,
+    begin_segment, give_back, partial_vnet, send, Bufs, CsumMode, Cursor, Plan, Segment,
     SegmentError, SegmentSummary,
 };
 use crate::vnet_hdr::VirtioNetHdr;
@@ -32,16 +32,10 @@ where
 {
     let hl = h.hdr_len();
     let l4 = h.l4_off;
-    let mut cur = Cursor::new(frame);
-    if !cur.skip(hl) {
-        return Err(truncated(hl, h.frame_len));
-    }
+    let mut cur = Cursor::at_payload(frame, h)?;
     let seq0 = be32(b.tmpl, l4 + 4);
     let flags0 = b.tmpl[l4 + 13];
-    let id0 = match h.l3 {
-        L3::Ipv4 => be16(b.tmpl, h.l3_off + 4),
-        L3::Ipv6 => 0,
-    };
+    let id0 = first_ip_id(b.tmpl, h);
     let full = mode == CsumMode::Full;
     let ip_base = ipv4_base(b.tmpl, h);
     let addrs = pseudo(b.tmpl, h, IPPROTO_TCP, 0);

@@ -2,7 +2,9 @@
 //! and fragmentation of one large datagram (UFO: IPv4 fragments, IPv6 Fragment header).
 
 use super::csum::Checksum;
-use super::ip::{be16, ipv4_base, ipv4_strip_uncopied_options, pseudo, put16, set_l3, IPV4_MF};
+use super::ip::{
+    be16, first_ip_id, ipv4_base, ipv4_strip_uncopied_options, pseudo, put16, set_l3, IPV4_MF,
+};
 use super::parse::{Headers, IPPROTO_UDP, IPV6_FRAGMENT, L3, UDP_LEN};
 use super::{
     begin_segment, give_back, partial_vnet, send, take_parts, truncated, Bufs, CsumMode, Cursor,
@@ -36,16 +38,9 @@ pub(crate) fn segment<F>(
 where
     F: FnMut(&Segment<'_>) -> bool,
 {
-    let hl = h.hdr_len();
     let l4 = h.l4_off;
-    let mut cur = Cursor::new(frame);
-    if !cur.skip(hl) {
-        return Err(truncated(hl, h.frame_len));
-    }
-    let id0 = match h.l3 {
-        L3::Ipv4 => be16(b.tmpl, h.l3_off + 4),
-        L3::Ipv6 => 0,
-    };
+    let mut cur = Cursor::at_payload(frame, h)?;
+    let id0 = first_ip_id(b.tmpl, h);
     let full = mode == CsumMode::Full;
     let ip_base = ipv4_base(b.tmpl, h);
     let addrs = pseudo(b.tmpl, h, IPPROTO_UDP, 0);
@@ -149,10 +144,7 @@ where
     };
     let id4 = be16(b.tmpl, h.l3_off + 4);
     let fragmentable = h.frame_len - unfrag;
-    let mut cur = Cursor::new(frame);
-    if !cur.skip(hl) {
-        return Err(truncated(hl, h.frame_len));
-    }
+    let mut cur = Cursor::at_payload(frame, h)?;
 
     for k in 0..p.segments {
         let off = k * p.mss;
