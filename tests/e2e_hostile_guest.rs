@@ -55,20 +55,6 @@ use vm_memory::{Bytes, GuestAddress};
 
 const T: Duration = Duration::from_secs(5);
 
-const RINGS: u64 = feat::VERSION_1 | feat::MRG_RXBUF | feat::EVENT_IDX | feat::INDIRECT_DESC;
-const HOST_ALL: u64 = feat::CSUM
-    | feat::HOST_TSO4
-    | feat::HOST_TSO6
-    | feat::HOST_ECN
-    | feat::HOST_UFO
-    | feat::HOST_USO;
-const GUEST_GSO: u64 = feat::GUEST_TSO4
-    | feat::GUEST_TSO6
-    | feat::GUEST_ECN
-    | feat::GUEST_UFO
-    | feat::GUEST_USO4
-    | feat::GUEST_USO6;
-
 /// RX buffers each peer keeps posted, and their size.
 const PEER_RX: usize = 256;
 const RX_BUF: u32 = 2048;
@@ -161,7 +147,7 @@ fn connect(d: &Daemon, port: usize, features: u64, rx: usize) -> TestFrontend {
 }
 
 fn connect_a(d: &Daemon) -> TestFrontend {
-    connect(d, 0, RINGS | HOST_ALL | feat::GUEST_CSUM, A_RX)
+    connect(d, 0, feat::RINGS | feat::HOST_ALL | feat::GUEST_CSUM, A_RX)
 }
 
 fn seed_from_env() -> u64 {
@@ -1003,8 +989,12 @@ impl Harness {
                     self.d.stats().unwrap()
                 );
             };
-            check_rx_header(RINGS | HOST_ALL | feat::GUEST_CSUM, &r.hdr, &r.frame)
-                .unwrap_or_else(|e| panic!("A got a bad header: {e}"));
+            check_rx_header(
+                feat::RINGS | feat::HOST_ALL | feat::GUEST_CSUM,
+                &r.hdr,
+                &r.frame,
+            )
+            .unwrap_or_else(|e| panic!("A got a bad header: {e}"));
             let have = finished(r.hdr.flags, r.hdr.csum_start, r.hdr.csum_offset, &r.frame)
                 .expect("csum in range");
             let Some(k) = want.iter().position(|w| *w == have) else {
@@ -1276,14 +1266,14 @@ fn hostile_guest_cannot_hurt_its_peers() {
     let peer_feats = [
         ("B", 0u64),
         ("C", feat::GUEST_CSUM),
-        ("D", feat::GUEST_CSUM | GUEST_GSO),
+        ("D", feat::GUEST_CSUM | feat::GUEST_GSO),
     ];
     let peers: Vec<Peer> = peer_feats
         .iter()
         .enumerate()
         .map(|(i, &(name, rx))| Peer {
             name,
-            fe: connect(&d, i + 1, RINGS | HOST_ALL | rx, PEER_RX),
+            fe: connect(&d, i + 1, feat::RINGS | feat::HOST_ALL | rx, PEER_RX),
             rx_feats: rx,
             mac: peer_mac(i),
         })

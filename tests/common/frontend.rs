@@ -101,6 +101,14 @@ pub mod feat {
     /// the backend offers it, unless `FrontendOpts::no_protocol_features` is set.
     pub const PROTOCOL_FEATURES: u64 = 1 << 30;
 
+    /// The ring features every modern driver acks.
+    pub const RINGS: u64 = VERSION_1 | MRG_RXBUF | EVENT_IDX | INDIRECT_DESC;
+    /// Everything a guest may send large: CSUM and every HOST_* offload.
+    pub const HOST_ALL: u64 = CSUM | HOST_TSO4 | HOST_TSO6 | HOST_ECN | HOST_UFO | HOST_USO;
+    /// Every GUEST_* segmentation offload (GUEST_CSUM not included).
+    pub const GUEST_GSO: u64 =
+        GUEST_TSO4 | GUEST_TSO6 | GUEST_ECN | GUEST_UFO | GUEST_USO4 | GUEST_USO6;
+
     /// What a Linux guest with all offloads on typically acks (no control queue, no MQ).
     pub const LINUX_DEFAULT: u64 = VERSION_1
         | CSUM
