@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::backend::vlan::Vid;
 use crate::features::FeatureMask;
+use crate::l2::{Mac, Vid};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -41,51 +41,6 @@ pub enum ConfigError {
     NoPorts,
 }
 
-/// A MAC address, written `52:54:00:12:34:56`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct MacAddr(pub [u8; 6]);
-
-impl fmt::Debug for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-impl fmt::Display for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        let m = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            m[0], m[1], m[2], m[3], m[4], m[5]
-        )
-    }
-}
-
-impl std::str::FromStr for MacAddr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bytes: Vec<u8> = s
-            .split(':')
-            .map(|p| {
-                if p.len() == 2 {
-                    u8::from_str_radix(p, 16).ok()
-                } else {
-                    None
-                }
-            })
-            .collect::<Option<_>>()
-            .ok_or("expected six hex bytes like 52:54:00:12:34:56")?;
-        let a: [u8; 6] = bytes
-            .try_into()
-            .map_err(|_| "expected six hex bytes like 52:54:00:12:34:56")?;
-        if a[0] & 1 != 0 {
-            return Err("a multicast address cannot be a port's MAC".into());
-        }
-        Ok(MacAddr(a))
-    }
-}
-
 /// How an uplink handles GSO frames it cannot be trusted to take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -114,7 +69,7 @@ pub struct PortConfig {
     /// Connect to QEMU's socket (QEMU `server=on`) instead of listening.
     pub client: bool,
     pub queues: u16,
-    pub mac: Option<MacAddr>,
+    pub mac: Option<Mac>,
     /// MTU reported to the guest and used to size software segments.
     pub mtu: u16,
     /// Largest L3 packet this port receives (FreeBSD's max_burst); below the MTU.
@@ -171,12 +126,38 @@ fn bad(what: &'static str, key: &str, value: &str, why: impl ToString) -> Config
     }
 }
 
-fn on_off(what: &'static str, key: &str, v: &str) -> Result<bool, ConfigError> {
+/// An on/off switch's value (`on`, `off` and their usual spellings; a bare key is on).
+pub fn parse_on_off(v: &str) -> Result<bool, String> {
     match v {
         "on" | "true" | "yes" | "1" | "" => Ok(true),
         "off" | "false" | "no" | "0" => Ok(false),
-        _ => Err(bad(what, key, v, "expected on or off")),
+        _ => Err("expected on or off".into()),
     }
+}
+
+/// Smallest and largest `max_burst` (an L3 packet: IPv4's minimum MTU to 64 KiB).
+pub const MAX_BURST_RANGE: (usize, usize) = (68, 65535);
+
+/// A `max_burst` value: 68..65535, or `off` (no limit).
+pub fn parse_max_burst(v: &str) -> Result<Option<usize>, String> {
+    let (lo, hi) = MAX_BURST_RANGE;
+    match v {
+        "off" | "none" | "0" => Ok(None),
+        _ => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (lo..=hi).contains(n))
+            .map(Some)
+            .ok_or_else(|| format!("must be between {lo} and {hi}, or off")),
+    }
+}
+
+fn on_off(what: &'static str, key: &str, v: &str) -> Result<bool, ConfigError> {
+    parse_on_off(v).map_err(|e| bad(what, key, v, e))
+}
+
+fn max_burst(what: &'static str, key: &str, v: &str) -> Result<Option<usize>, ConfigError> {
+    parse_max_burst(v).map_err(|e| bad(what, key, v, e))
 }
 
 fn number<T>(what: &'static str, key: &str, v: &str, lo: T, hi: T) -> Result<T, ConfigError>
@@ -220,7 +201,7 @@ impl PortConfig {
                 "queues" => c.queues = number(W, &k, &v, 1, MAX_QUEUE_PAIRS)?,
                 "mac" => c.mac = Some(v.parse().map_err(|e| bad(W, &k, &v, e))?),
                 "mtu" => c.mtu = number(W, &k, &v, 68, 65535)?,
-                "max_burst" => c.max_burst = Some(number(W, &k, &v, 68, 65535)?),
+                "max_burst" => c.max_burst = max_burst(W, &k, &v)?,
                 "vlan" => c.vlan = Vid::new(number(W, &k, &v, Vid::MIN, Vid::MAX)?),
                 name if FeatureMask::NAMES.contains(&name) => {
                     let on = on_off(W, &k, &v)?;
@@ -284,7 +265,7 @@ impl UplinkConfig {
                 }
                 "queues" => c.queues = Some(number(W, &k, &v, 1, MAX_QUEUE_PAIRS)?),
                 "gso" => c.gso = v.parse().map_err(|e| bad(W, &k, &v, e))?,
-                "max_burst" => c.max_burst = Some(number(W, &k, &v, 68, 65535)?),
+                "max_burst" => c.max_burst = max_burst(W, &k, &v)?,
                 "bypass" => bypass = Some((on_off(W, &k, &v)?, v)),
                 _ => {
                     return Err(ConfigError::UnknownKey {

@@ -6,7 +6,7 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
-use crate::vnet_hdr::{GsoKind, GsoType};
+use crate::vnet_hdr::{GsoKind, GsoType, HDR_LEN, LEGACY_HDR_LEN};
 
 const fn bit(b: u32) -> u64 {
     1u64 << b
@@ -261,19 +261,6 @@ impl Caps {
         }
     }
 
-    /// The intersection: what both accept.
-    pub fn and(self, o: Caps) -> Caps {
-        Caps {
-            csum: self.csum && o.csum,
-            tso4: self.tso4 && o.tso4,
-            tso6: self.tso6 && o.tso6,
-            ecn: self.ecn && o.ecn,
-            ufo: self.ufo && o.ufo,
-            uso4: self.uso4 && o.uso4,
-            uso6: self.uso6 && o.uso6,
-        }
-    }
-
     /// The union: what either accepts.
     pub fn or(self, o: Caps) -> Caps {
         Caps {
@@ -315,9 +302,9 @@ impl Negotiated {
     /// Length of the virtio_net_hdr on this guest's rings.
     pub fn hdr_len(&self) -> usize {
         if self.modern {
-            crate::vnet_hdr::HDR_LEN
+            HDR_LEN
         } else {
-            crate::vnet_hdr::HDR_LEN - 2
+            LEGACY_HDR_LEN
         }
     }
 }

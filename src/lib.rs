@@ -1,9 +1,18 @@
 //! gsonet: a vhost-user virtio-net backend that negotiates checksum and segmentation
 //! offloads with each guest and segments in software only for peers that need it.
+//!
+//! Rooms, lowest first (a room imports only from rooms below it):
+//! `l2`, `vnet_hdr`, `stats` -> `features`, `segment` -> `config`, `frame`, `ring`
+//! -> `backend`.
 
 pub mod backend;
 pub mod config;
 pub mod features;
+pub mod frame;
+pub mod l2;
 pub mod ring;
 pub mod segment;
+pub mod stats;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 pub mod vnet_hdr;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use gsonet::backend::{self, control};
 use gsonet::config::{Config, PortConfig, UplinkConfig, DEFAULT_CONTROL};
+use gsonet::stats::Snapshot;
 
 #[derive(Parser)]
 #[command(
@@ -127,9 +128,7 @@ fn serve(
     })
 }
 
-fn print_stats(v: &serde_json::Value) -> Result<(), (u8, String)> {
-    let r: control::StatsReport =
-        serde_json::from_value(v.clone()).map_err(|e| (1, e.to_string()))?;
+fn print_stats(r: &control::protocol::StatsReport) {
     for p in &r.ports {
         let s = &p.stats;
         let vlan = p.vlan.map(|v| format!(" vlan {v}")).unwrap_or_default();
@@ -153,10 +152,9 @@ fn print_stats(v: &serde_json::Value) -> Result<(), (u8, String)> {
         println!("uplink {} {} gso={:?}", u.id, u.name, u.gso);
         print_counters(&u.stats);
     }
-    Ok(())
 }
 
-fn print_counters(s: &backend::stats::Snapshot) {
+fn print_counters(s: &Snapshot) {
     println!(
         "  from it: {} frames {} bytes (largest {})   to it: {} frames {} bytes",
         s.tx_frames, s.tx_bytes, s.tx_max_frame, s.rx_frames, s.rx_bytes
@@ -179,6 +177,20 @@ fn print_counters(s: &backend::stats::Snapshot) {
     }
 }
 
+/// One request to a running gsonet's control socket.
+fn ask(control: &std::path::Path, req: &control::Request) -> Result<control::Reply, (u8, String)> {
+    control::request(control, req).map_err(|e| {
+        (
+            1,
+            format!("cannot reach gsonet at {}: {e}", control.display()),
+        )
+    })
+}
+
+fn pretty<T: serde::Serialize>(v: &T) -> Result<String, (u8, String)> {
+    serde_json::to_string_pretty(v).map_err(|e| (1, e.to_string()))
+}
+
 fn run(cli: Cli) -> Result<(), (u8, String)> {
     match cli.cmd {
         Cmd::Serve {
@@ -188,18 +200,16 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             control,
         } => serve(ports, uplinks, config, control),
         Cmd::Stats { control, json } => {
-            let v = control::request(&control, &control::Request::Stats).map_err(|e| {
-                (
-                    1,
-                    format!("cannot reach gsonet at {}: {e}", control.display()),
-                )
-            })?;
+            let reply = ask(&control, &control::Request::Stats)?;
+            let control::Reply::Stats(report) = reply else {
+                return Err((1, format!("unexpected answer: {reply:?}")));
+            };
             if json {
-                println!("{v:#}");
-                Ok(())
+                println!("{}", pretty(&report)?);
             } else {
-                print_stats(&v)
+                print_stats(&report);
             }
+            Ok(())
         }
         Cmd::Ctl {
             control,
@@ -214,18 +224,13 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
                         .ok_or((EXIT_CONFIG, format!("{s}: expected KEY=VALUE")))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let v = control::request(&control, &control::Request::Set { target, settings })
-                .map_err(|e| {
-                    (
-                        1,
-                        format!("cannot reach gsonet at {}: {e}", control.display()),
-                    )
-                })?;
-            if let Some(e) = v.get("error") {
-                return Err((EXIT_CONFIG, e.as_str().unwrap_or_default().to_string()));
+            match ask(&control, &control::Request::Set { target, settings })? {
+                control::Reply::Error { error } => Err((EXIT_CONFIG, error)),
+                ok => {
+                    println!("{}", pretty(&ok)?);
+                    Ok(())
+                }
             }
-            println!("{v:#}");
-            Ok(())
         }
     }
 }

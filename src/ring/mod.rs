@@ -1,5 +1,5 @@
-//! Virtqueue access: a TX descriptor chain becomes a `TxFrame` over guest memory
-//! (no copy), a frame is written into RX chains (MRG_RXBUF aware).
+//! Virtqueue access: a TX descriptor chain is copied out into a `TxFrame`, a frame is
+//! written into RX chains (MRG_RXBUF aware).
 
 pub mod guest_mem;
 pub mod rx;

@@ -7,6 +7,7 @@ use thiserror::Error;
 use virtio_queue::{QueueOwnedT, QueueT};
 
 use super::guest_mem::{self, GuestMem};
+use crate::stats::DropReason;
 use crate::vnet_hdr::VirtioNetHdr;
 
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
@@ -21,13 +22,13 @@ pub enum RxError {
     BadAddress,
 }
 
-impl RxError {
-    pub fn reason(&self) -> &'static str {
-        match self {
-            RxError::NoBuffers => "rx_queue_full",
-            RxError::BufferTooSmall { .. } => "rx_buffer_too_small",
-            RxError::ReadableDescriptor => "rx_readable_descriptor",
-            RxError::BadAddress => "rx_bad_address",
+impl From<RxError> for DropReason {
+    fn from(e: RxError) -> DropReason {
+        match e {
+            RxError::NoBuffers => DropReason::RxQueueFull,
+            RxError::BufferTooSmall { .. } => DropReason::RxBufferTooSmall,
+            RxError::ReadableDescriptor => DropReason::RxReadableDescriptor,
+            RxError::BadAddress => DropReason::RxBadAddress,
         }
     }
 }

@@ -3,6 +3,8 @@
 
 use thiserror::Error;
 
+use crate::l2::{is_tag_type, ETHERTYPE_IPV4, ETHERTYPE_IPV6, ETH_HDR_LEN};
+
 /// Headers longer than this are not parsed (the prefix gathered from a scatter list).
 pub const MAX_HEADERS: usize = 512;
 /// Stacked VLAN tags accepted (802.1ad outer + 802.1Q inner, plus slack).
@@ -10,12 +12,6 @@ pub const MAX_VLAN_TAGS: u8 = 4;
 /// IPv6 extension headers walked before giving up.
 pub const MAX_IPV6_EXT: usize = 8;
 
-pub const ETH_HDR_LEN: usize = 14;
-pub const ETHERTYPE_IPV4: u16 = 0x0800;
-pub const ETHERTYPE_IPV6: u16 = 0x86dd;
-pub const ETHERTYPE_VLAN: u16 = 0x8100;
-pub const ETHERTYPE_QINQ: u16 = 0x88a8;
-pub const ETHERTYPE_QINQ_OLD: u16 = 0x9100;
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 pub const IPV6_HOP_BY_HOP: u8 = 0;
@@ -159,10 +155,7 @@ pub fn parse_prefix(buf: &[u8], frame_len: usize) -> Result<Headers, ParseError>
     let mut ethertype = be16(12);
     let mut off = ETH_HDR_LEN;
     let mut vlan_tags = 0u8;
-    while matches!(
-        ethertype,
-        ETHERTYPE_VLAN | ETHERTYPE_QINQ | ETHERTYPE_QINQ_OLD
-    ) {
+    while is_tag_type(ethertype) {
         if vlan_tags == MAX_VLAN_TAGS {
             return Err(ParseError::TooManyVlanTags);
         }
@@ -268,6 +261,7 @@ pub fn parse_prefix(buf: &[u8], frame_len: usize) -> Result<Headers, ParseError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::l2::{ETHERTYPE_QINQ, ETHERTYPE_VLAN};
 
     fn eth(ethertype: u16) -> Vec<u8> {
         let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2];

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 
 use super::testutil::*;
 use super::*;
-use crate::vnet_hdr::validate;
+use crate::frame::validate::validate;
 
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")
@@ -136,7 +136,7 @@ proptest! {
         if let Ok(v) = validate(&hdr, &frame) {
             let r = run(&hdr, &frame, &SegmentOpts::default());
             prop_assert!(r.is_ok(), "validated but {r:?}");
-            prop_assert_eq!(v.segments, r.unwrap().0.segments);
+            prop_assert_eq!(v.segments(), r.unwrap().0.segments);
         }
     }
 }

@@ -2,12 +2,12 @@
 //! edits in one place (after Linux `tcp_gso_segment`).
 
 use super::csum::Checksum;
+use super::cursor::{give_back, Bufs, Cursor};
 use super::ip::{be32, first_ip_id, ipv4_base, pseudo, put16, put32};
+use super::out::{begin_segment, partial_vnet, send};
 use super::parse::{Headers, IPPROTO_TCP};
-use super::{
-    begin_segment, give_back, partial_vnet, send, Bufs, CsumMode, Cursor, Plan, Segment,
-    SegmentError, SegmentSummary,
-};
+use super::plan::Plan;
+use super::{CsumMode, Segment, SegmentError, SegmentSummary};
 use crate::vnet_hdr::VirtioNetHdr;
 
 pub const TCP_FIN: u8 = 0x01;

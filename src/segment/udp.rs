@@ -2,14 +2,14 @@
 //! and fragmentation of one large datagram (UFO: IPv4 fragments, IPv6 Fragment header).
 
 use super::csum::Checksum;
+use super::cursor::{give_back, take_parts, Bufs, Cursor};
 use super::ip::{
     be16, first_ip_id, ipv4_base, ipv4_strip_uncopied_options, pseudo, put16, set_l3, IPV4_MF,
 };
+use super::out::{begin_segment, partial_vnet, send};
 use super::parse::{Headers, IPPROTO_UDP, IPV6_FRAGMENT, L3, UDP_LEN};
-use super::{
-    begin_segment, give_back, partial_vnet, send, take_parts, truncated, Bufs, CsumMode, Cursor,
-    Plan, Segment, SegmentError, SegmentSummary,
-};
+use super::plan::Plan;
+use super::{truncated, CsumMode, Segment, SegmentError, SegmentSummary};
 use crate::vnet_hdr::VirtioNetHdr;
 
 /// Offset of the checksum in the UDP header.

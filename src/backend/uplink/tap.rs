@@ -2,7 +2,6 @@
 //! 12-byte vnet header, and TUNSETOFFLOAD programmed from what the guests behind it
 //! accept. Frames we write keep their GSO header: the kernel segments if it must.
 
-use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -11,7 +10,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use thiserror::Error;
 use tracing::{debug, warn};
 
-use super::uplink::{writev, UplinkDevice};
+use super::{writev, UplinkDevice};
 use crate::features::Caps;
 use crate::vnet_hdr::HDR_LEN;
 
@@ -285,14 +284,6 @@ impl UplinkDevice for Tap {
     fn set_offload(&self, caps: Caps) -> Result<Caps, String> {
         Tap::set_offload(self, caps).map_err(|e| e.to_string())
     }
-}
-
-/// Index of an interface, for tests and AF_PACKET binding.
-pub fn if_index(name: &str) -> Option<u32> {
-    let c = CString::new(name).ok()?;
-    // SAFETY: c is a valid NUL-terminated string.
-    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    (i != 0).then_some(i)
 }
 
 #[cfg(test)]

@@ -1,11 +1,16 @@
 //! Counters of one port or uplink: plain atomics bumped on the datapath, read as a
-//! snapshot by the control socket. Drops are counted by reason.
+//! snapshot by the control socket. Drops are counted by reason, one atomic each.
+
+mod drop_reason;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+pub use drop_reason::DropReason;
+
+const REASONS: usize = DropReason::ALL.len();
 
 #[derive(Default)]
 pub struct Counters {
@@ -26,10 +31,19 @@ pub struct Counters {
     pub max_mss: AtomicU64,
     pub min_mss: AtomicU64,
     pub csum_completed: AtomicU64,
-    drops: Mutex<BTreeMap<&'static str, u64>>,
+    drops: DropCounters,
 }
 
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq, Default)]
+/// One counter per `DropReason`.
+struct DropCounters([AtomicU64; REASONS]);
+
+impl Default for DropCounters {
+    fn default() -> Self {
+        DropCounters(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
 pub struct Snapshot {
     pub tx_frames: u64,
     pub tx_bytes: u64,
@@ -45,6 +59,7 @@ pub struct Snapshot {
     pub max_mss: u64,
     pub min_mss: u64,
     pub csum_completed: u64,
+    /// Non-zero drop counters by `DropReason::name`.
     pub drops: BTreeMap<String, u64>,
 }
 
@@ -64,10 +79,12 @@ fn set_min(c: &AtomicU64, v: u64) {
 }
 
 impl Counters {
-    pub fn drop(&self, reason: &'static str) {
-        if let Ok(mut d) = self.drops.lock() {
-            *d.entry(reason).or_default() += 1;
-        }
+    pub fn drop(&self, reason: DropReason) {
+        self.drops.0[reason as usize].fetch_add(1, Relaxed);
+    }
+
+    pub fn drops(&self, reason: DropReason) -> u64 {
+        self.drops.0[reason as usize].load(Relaxed)
     }
 
     pub fn tx(&self, bytes: usize) {
@@ -109,11 +126,11 @@ impl Counters {
             max_mss: g(&self.max_mss),
             min_mss: g(&self.min_mss),
             csum_completed: g(&self.csum_completed),
-            drops: self
-                .drops
-                .lock()
-                .map(|d| d.iter().map(|(k, v)| (k.to_string(), *v)).collect())
-                .unwrap_or_default(),
+            drops: DropReason::ALL
+                .iter()
+                .map(|&r| (r.name().to_string(), self.drops(r)))
+                .filter(|&(_, n)| n > 0)
+                .collect(),
         }
     }
 }
@@ -127,8 +144,8 @@ mod tests {
         let c = Counters::default();
         c.segmented(45, 1448, 65000);
         c.segmented(2, 1000, 1500);
-        c.drop("bad_header");
-        c.drop("bad_header");
+        c.drop(DropReason::BadHeader);
+        c.drop(DropReason::BadHeader);
         let s = c.snapshot();
         assert_eq!((s.gso_segmented, s.segments_out), (2, 47));
         assert_eq!((s.min_segments, s.max_segments), (2, 45));

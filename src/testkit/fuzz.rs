@@ -1,13 +1,14 @@
 //! The fuzzing entry point, shared by `fuzz/fuzz_targets/segment.rs` and the corpus
-//! replay test: arbitrary header, options, split points and bytes through `validate`
-//! and `Segmenter::segment`. Panics only when an invariant breaks.
+//! replay test: arbitrary header, options, split points and bytes through
+//! `frame::validate` and the segmenter. Panics only when an invariant breaks.
 //!
 //! Input layout: 12 bytes virtio_net_hdr | 1 byte options (bit 0 partial csum, bit 1
 //! cap) | 2 bytes cap (LE) | 1 byte split count k (mod 9) | k * 2 bytes split points
 //! (LE, modulo the frame length + 1) | frame bytes.
 
-use super::{CsumMode, Segment, SegmentOpts, Segmenter};
-use crate::vnet_hdr::{validate, VirtioNetHdr, HDR_LEN};
+use crate::frame::validate::validate;
+use crate::segment::{CsumMode, Segment, SegmentOpts, Segmenter};
+use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
 /// Header-ish bytes before the frame.
 pub const PREFIX_LEN: usize = HDR_LEN + 4;
@@ -82,11 +83,19 @@ pub fn fuzz_one(data: &[u8]) {
         assert_eq!(sum.bytes, bytes);
     }
     if let Ok(v) = validate(&hdr, &parts) {
-        // A validated frame always segments, with the predicted count.
+        // A validated frame always segments from its carried plan, with the predicted
+        // count, and as the segmenter's own parse would.
+        let layout = v.layout.as_ref().map(|l| (&l.headers, &l.plan));
         let sum = seg
-            .segment(&hdr, &parts, &SegmentOpts::default(), |_| true)
+            .segment_planned(&hdr, layout, &parts, &SegmentOpts::default(), |_| true)
             .expect("validated frame failed to segment");
-        assert_eq!(sum.segments, v.segments);
+        assert_eq!(sum.segments, v.segments());
+        if hdr.gso.is_gso() {
+            let again = seg
+                .segment(&hdr, &parts, &SegmentOpts::default(), |_| true)
+                .expect("validated frame failed to segment");
+            assert_eq!(again, sum);
+        }
     }
 }
 

@@ -2,22 +2,15 @@
 //! GSO header when the destination accepts it, segmented in software when it does not,
 //! checksum completed when the destination cannot take a partial one.
 
-use std::cell::RefCell;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use super::port::Port;
-use super::stats::Counters;
+use super::SwitchPort;
 use crate::features::Caps;
+use crate::frame::Frame;
 use crate::segment::{CsumMode, SegmentOpts, Segmenter};
+use crate::stats::{Counters, DropReason};
 use crate::vnet_hdr::{VirtioNetHdr, F_DATA_VALID, F_NEEDS_CSUM};
-
-/// A frame in flight: its header and its bytes (guest memory or a read buffer).
-#[derive(Clone, Copy, Debug)]
-pub struct Frame<'a> {
-    pub hdr: VirtioNetHdr,
-    pub parts: &'a [&'a [u8]],
-    pub len: usize,
-}
 
 /// Where a frame can go: a guest port or an uplink.
 pub trait Destination {
@@ -26,64 +19,58 @@ pub trait Destination {
     /// Largest L3 packet the operator lets it receive (`max_burst`), if limited.
     /// GSO frames to such a destination are segmented to fit.
     fn max_burst(&self) -> Option<usize>;
-    /// Hands over one frame; on failure, the drop reason.
-    fn send(
-        &self,
-        queue: usize,
-        hdr: &VirtioNetHdr,
-        parts: &[&[u8]],
-        ctx: &mut Pending,
-    ) -> Result<(), &'static str>;
+    /// Hands over one frame through queue `queue`; on failure, why.
+    fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason>;
     fn stats(&self) -> &Counters;
+}
+
+/// What a full guest RX queue means to the caller of [`deliver`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnFull {
+    /// Count the frame as dropped (`rx_queue_full`).
+    Count,
+    /// Leave it uncounted: the caller waits for room and delivers again
+    /// (`backpressure`), and counts it if it gives up.
+    Return,
 }
 
 /// Guest RX queues written during a batch, signalled once at its end.
 #[derive(Default)]
 pub struct Pending {
-    rx: Vec<(Arc<Port>, usize)>,
+    rx: Vec<(Arc<dyn SwitchPort>, usize)>,
 }
 
 impl Pending {
-    pub fn rx_written(&mut self, port: &Arc<Port>, pair: usize) {
+    pub fn rx_written(&mut self, port: &Arc<dyn SwitchPort>, queue: usize) {
         if !self
             .rx
             .iter()
-            .any(|(p, q)| Arc::ptr_eq(p, port) && *q == pair)
+            .any(|(p, q)| Arc::ptr_eq(p, port) && *q == queue)
         {
-            self.rx.push((port.clone(), pair));
+            self.rx.push((port.clone(), queue));
         }
-    }
-}
-
-/// Per-thread delivery state: the segmenter's buffers and pending signals.
-#[derive(Default)]
-pub struct DeliverCtx {
-    segmenter: Segmenter,
-    pending: Pending,
-    /// Leave a full RX queue uncounted: the caller (an uplink reader) waits and retries.
-    pub defer_full: bool,
-}
-
-/// The drop reason of a full guest RX queue.
-pub const RX_FULL: &str = "rx_queue_full";
-/// The drop reason of a guest RX queue that has stayed full (`port::RX_STALL`).
-pub const RX_STALLED: &str = "rx_queue_stalled";
-
-thread_local! {
-    static CTX: RefCell<DeliverCtx> = RefCell::new(DeliverCtx::default());
-}
-
-impl DeliverCtx {
-    /// Runs `f` with this thread's context.
-    pub fn with<R>(f: impl FnOnce(&mut DeliverCtx) -> R) -> R {
-        CTX.with(|c| f(&mut c.borrow_mut()))
     }
 
     /// Signals every guest queue written since the last flush.
     pub fn flush(&mut self) {
-        for (port, pair) in self.pending.rx.drain(..) {
-            port.signal_rx(pair);
+        for (port, queue) in self.rx.drain(..) {
+            port.signal_rx(queue);
         }
+    }
+}
+
+/// Delivery state of one sending thread (a queue worker or an uplink reader): the
+/// segmenter's buffers and the signals it owes. Each thread owns its own.
+#[derive(Default)]
+pub struct DeliverCtx {
+    pub segmenter: Segmenter,
+    pub pending: Pending,
+}
+
+impl DeliverCtx {
+    /// Signals every guest queue written since the last flush.
+    pub fn flush(&mut self) {
+        self.pending.flush();
     }
 }
 
@@ -93,7 +80,14 @@ pub enum Path {
     Intact,
     Segmented,
     CsumCompleted,
-    Dropped(&'static str),
+    Dropped(DropReason),
+}
+
+/// What `deliver` did: the path, and how many frames reached the destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub path: Path,
+    pub sent: usize,
 }
 
 /// Which path a frame takes to a destination with `caps` (the decision alone);
@@ -139,35 +133,42 @@ pub fn rx_header(sent: &VirtioNetHdr, caps: Caps) -> VirtioNetHdr {
     hdr
 }
 
+/// Counts a drop unless it is a full queue the caller will retry.
+fn count_drop(stats: &Counters, reason: DropReason, on_full: OnFull) {
+    if !(on_full == OnFull::Return && reason == DropReason::RxQueueFull) {
+        stats.drop(reason);
+    }
+}
+
 /// Delivers `frame` to `dst` through its queue `queue`.
-pub fn deliver(frame: &Frame, dst: &dyn Destination, queue: usize, ctx: &mut DeliverCtx) -> Path {
+pub fn deliver(
+    frame: &Frame,
+    dst: &dyn Destination,
+    queue: usize,
+    segmenter: &mut Segmenter,
+    on_full: OnFull,
+) -> Outcome {
     let caps = dst.caps();
     let max = dst.max_burst();
     let stats = dst.stats();
     let path = choose(&frame.hdr, caps, max.is_some());
-    let DeliverCtx {
-        segmenter,
-        pending,
-        defer_full,
-    } = ctx;
     match path {
         Path::Intact => {
             let hdr = rx_header(&frame.hdr, caps);
-            match dst.send(queue, &hdr, frame.parts, pending) {
+            match dst.send(queue, &hdr, frame.parts) {
                 Ok(()) => {
                     stats.rx(frame.len);
                     if hdr.gso.is_gso() {
-                        stats
-                            .gso_passed
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        stats.gso_passed.fetch_add(1, Relaxed);
                     }
-                    path
+                    Outcome { path, sent: 1 }
                 }
                 Err(r) => {
-                    if !(*defer_full && r == RX_FULL) {
-                        stats.drop(r);
+                    count_drop(stats, r, on_full);
+                    Outcome {
+                        path: Path::Dropped(r),
+                        sent: 0,
                     }
-                    Path::Dropped(r)
                 }
             }
         }
@@ -181,43 +182,44 @@ pub fn deliver(frame: &Frame, dst: &dyn Destination, queue: usize, ctx: &mut Del
                 max_frame: max,
             };
             let mut failed = None;
-            let r = segmenter.segment(&frame.hdr, frame.parts, &opts, |seg| {
-                let len = seg.parts.iter().map(|p| p.len()).sum();
-                match dst.send(queue, &seg.vnet, seg.parts, pending) {
+            let mut sent = 0;
+            let layout = frame.gso.as_ref().map(|l| (&l.headers, &l.plan));
+            let r =
+                segmenter.segment_planned(&frame.hdr, layout, frame.parts, &opts, |seg| match dst
+                    .send(queue, &seg.vnet, seg.parts)
+                {
                     Ok(()) => {
-                        stats.rx(len);
+                        stats.rx(seg.len());
+                        sent += 1;
                         true
                     }
                     Err(r) => {
                         failed = Some(r);
                         false
                     }
-                }
-            });
-            match (r, failed) {
+                });
+            let path = match (r, failed) {
                 (_, Some(reason)) => {
-                    stats.drop(reason);
+                    count_drop(stats, reason, on_full);
                     Path::Dropped(reason)
                 }
                 (Ok(sum), None) => {
                     if path == Path::Segmented {
                         stats.segmented(sum.segments, sum.mss, sum.bytes);
                     } else {
-                        stats
-                            .csum_completed
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        stats.csum_completed.fetch_add(1, Relaxed);
                     }
                     path
                 }
                 (Err(e), None) => {
                     tracing::debug!("cannot segment frame: {e}");
-                    let reason = "segment_error";
-                    stats.drop(reason);
-                    Path::Dropped(reason)
+                    stats.drop(DropReason::SegmentError);
+                    Path::Dropped(DropReason::SegmentError)
                 }
-            }
+            };
+            Outcome { path, sent }
         }
-        Path::Dropped(_) => path,
+        Path::Dropped(_) => Outcome { path, sent: 0 },
     }
 }
 
@@ -243,13 +245,7 @@ mod tests {
         fn max_burst(&self) -> Option<usize> {
             self.max_burst
         }
-        fn send(
-            &self,
-            _: usize,
-            hdr: &VirtioNetHdr,
-            parts: &[&[u8]],
-            _: &mut Pending,
-        ) -> Result<(), &'static str> {
+        fn send(&self, _: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
             self.sent
                 .borrow_mut()
                 .push((*hdr, parts.iter().map(|p| p.len()).sum()));
@@ -403,7 +399,7 @@ mod tests {
 
     #[test]
     fn every_frame_type_against_every_destination() {
-        let mut ctx = DeliverCtx::default();
+        let mut segmenter = Segmenter::new();
         for c in cases() {
             for (dname, caps, max) in dests() {
                 let dst = Recorder {
@@ -412,13 +408,11 @@ mod tests {
                     sent: RefCell::new(vec![]),
                     stats: Counters::default(),
                 };
-                let parts = [&c.bytes[..20], &c.bytes[20..]];
-                let frame = Frame {
-                    hdr: c.hdr,
-                    parts: &parts,
-                    len: c.bytes.len(),
-                };
-                let path = deliver(&frame, &dst, 0, &mut ctx);
+                let parts = [&c.bytes[..]];
+                let frame = crate::frame::validate::tx_frame(Caps::ALL, c.hdr, &parts).unwrap();
+                let out = deliver(&frame, &dst, 0, &mut segmenter, OnFull::Count);
+                let path = out.path;
+                assert_eq!(out.sent, dst.sent.borrow().len());
                 let want = expected(c.name, caps, max.is_some());
                 assert_eq!(path, want, "{} -> {dname}", c.name);
                 let sent = dst.sent.borrow();

@@ -22,9 +22,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use thiserror::Error;
 use tracing::{debug, warn};
 
-use super::uplink::{writev, UplinkDevice};
+use super::{writev, UplinkDevice};
 use crate::features::Caps;
-use crate::vnet_hdr::HDR_LEN;
+use crate::vnet_hdr::{HDR_LEN, LEGACY_HDR_LEN};
 
 // <linux/if_packet.h>, <linux/if_ether.h>: stable ABI values.
 const SOL_PACKET: libc::c_int = 263;
@@ -43,8 +43,6 @@ const PACKET_MR_PROMISC: libc::c_ushort = 1;
 const PACKET_FANOUT_HASH: u32 = 0;
 const PACKET_OUTGOING: u8 = 4;
 const ETH_P_ALL: u16 = 0x0003;
-/// Legacy struct virtio_net_hdr (no num_buffers).
-const LEGACY_HDR_LEN: usize = 10;
 /// Socket buffers: a few 64 KiB frames in flight are not enough.
 const SOCK_BUF: libc::c_int = 4 << 20;
 
@@ -277,10 +275,6 @@ impl PacketSocket {
                 .map_err(|e| self.err("PACKET_FANOUT", e))?;
         }
         Ok(sock)
-    }
-
-    pub fn ifindex(&self) -> i32 {
-        self.ifindex
     }
 
     fn sock(&self, queue: usize) -> RawFd {

@@ -1,0 +1,134 @@
+//! What the control socket speaks: requests, replies and the stats report, as serde
+//! types shared by the daemon, the CLI and the tests.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::GsoMode;
+use crate::features::Caps;
+use crate::stats::Snapshot;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "lowercase")]
+pub enum Request {
+    Stats,
+    /// Changes a port (`port:N` or `port:SOCKET`) or an uplink (`uplink:N` or its name).
+    Set {
+        target: String,
+        #[serde(default)]
+        settings: Vec<(String, String)>,
+    },
+}
+
+/// One answer line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Reply {
+    Error { error: String },
+    Ok { ok: Applied },
+    Stats(StatsReport),
+}
+
+/// What a `Set` changed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Applied {
+    Port {
+        port: String,
+        /// The feature word offered to the next frontend, in hex.
+        offer: String,
+        max_burst: Option<usize>,
+        note: String,
+    },
+    Uplink {
+        uplink: String,
+        gso: GsoMode,
+        max_burst: Option<usize>,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PortReport {
+    pub id: usize,
+    pub name: String,
+    pub connected: bool,
+    /// What the guest accepts from gsonet (GUEST_* acked).
+    pub guest_rx: Option<Caps>,
+    /// What the guest may send (HOST_* acked).
+    pub guest_tx: Option<Caps>,
+    pub mrg_rxbuf: Option<bool>,
+    pub max_burst: Option<usize>,
+    /// Access VLAN; absent: the untagged domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<u16>,
+    pub stats: Snapshot,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UplinkReport {
+    pub id: usize,
+    pub name: String,
+    pub gso: GsoMode,
+    pub stats: Snapshot,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatsReport {
+    pub ports: Vec<PortReport>,
+    pub uplinks: Vec<UplinkReport>,
+}
+
+/// Client side: one request, one answer.
+pub fn request(path: &Path, req: &Request) -> std::io::Result<Reply> {
+    let mut s = UnixStream::connect(path)?;
+    let mut line = serde_json::to_string(req).map_err(std::io::Error::other)?;
+    line.push('\n');
+    s.write_all(line.as_bytes())?;
+    let mut answer = String::new();
+    BufReader::new(s).read_line(&mut answer)?;
+    serde_json::from_str(&answer).map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_read_back_as_what_was_sent() {
+        let err = serde_json::to_string(&Reply::Error {
+            error: "no port 9".into(),
+        })
+        .unwrap();
+        assert_eq!(err, r#"{"error":"no port 9"}"#);
+        assert!(matches!(
+            serde_json::from_str::<Reply>(&err).unwrap(),
+            Reply::Error { .. }
+        ));
+        let up = Reply::Ok {
+            ok: Applied::Uplink {
+                uplink: "tap=x".into(),
+                gso: GsoMode::Software,
+                max_burst: None,
+            },
+        };
+        let text = serde_json::to_string(&up).unwrap();
+        assert!(matches!(
+            serde_json::from_str::<Reply>(&text).unwrap(),
+            Reply::Ok {
+                ok: Applied::Uplink { .. }
+            }
+        ));
+        let stats = Reply::Stats(StatsReport {
+            ports: vec![],
+            uplinks: vec![],
+        });
+        let text = serde_json::to_string(&stats).unwrap();
+        assert!(matches!(
+            serde_json::from_str::<Reply>(&text).unwrap(),
+            Reply::Stats(_)
+        ));
+    }
+}

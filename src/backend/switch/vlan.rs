@@ -1,0 +1,445 @@
+//! 802.1Q access VLANs in the switch: which broadcast domain a frame belongs to
+//! (classify), and the zero-copy views that add or remove a tag (a rewritten head,
+//! then slices of the original) with the frame's parsed offsets moved to match.
+
+use crate::frame::{Frame, GsoLayout};
+use crate::l2::{Domain, Tag, Vid, ADDRS_LEN, ETHERTYPE_VLAN, ETH_HDR_LEN, TAG_LEN};
+use crate::segment::{parse::gather, L3};
+use crate::stats::DropReason;
+
+/// How a frame's source attaches to the switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attach {
+    /// A port of this access VLAN.
+    Access(Vid),
+    /// A port without a VLAN (the untagged domain).
+    Untagged,
+    /// An uplink: a trunk carrying every VLAN tagged and the untagged domain as is.
+    Trunk,
+}
+
+/// The domain a frame entered and whether it still carries that domain's tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ingress {
+    pub domain: Domain,
+    pub tagged: bool,
+}
+
+impl Ingress {
+    pub const UNTAGGED: Ingress = Ingress {
+        domain: None,
+        tagged: false,
+    };
+}
+
+/// Which domain a frame with `tag` entering at `at` belongs to, or the drop reason.
+/// `access`: every access VLAN in use, sorted.
+pub fn classify(at: Attach, tag: Tag, access: &[Vid]) -> Result<Ingress, DropReason> {
+    let is_access = |vid: u16| Vid::new(vid).is_some_and(|v| access.binary_search(&v).is_ok());
+    match (at, tag) {
+        (_, Tag::Short) if !access.is_empty() => Err(DropReason::TooShort),
+        (Attach::Access(_), Tag::Dot1q(_) | Tag::Other) => Err(DropReason::TaggedOnAccessPort),
+        (Attach::Access(v), _) => Ok(Ingress {
+            domain: Some(v),
+            tagged: false,
+        }),
+        // An untagged-domain guest must not speak for an access VLAN on the trunk.
+        (Attach::Untagged, Tag::Dot1q(vid)) if is_access(vid) => {
+            Err(DropReason::TaggedWithAccessVlan)
+        }
+        (Attach::Trunk, Tag::Dot1q(vid)) if is_access(vid) => Ok(Ingress {
+            domain: Vid::new(vid),
+            tagged: true,
+        }),
+        _ => Ok(Ingress::UNTAGGED),
+    }
+}
+
+/// Where a retagged view keeps its new head and slice list.
+#[derive(Default)]
+pub struct ViewBuf<'a> {
+    head: [u8; ADDRS_LEN + TAG_LEN],
+    parts: Vec<&'a [u8]>,
+}
+
+/// Appends the slices of `parts` that follow its first `skip` bytes.
+fn tail<'a>(parts: &[&'a [u8]], mut skip: usize, out: &mut Vec<&'a [u8]>) {
+    for p in parts {
+        if skip >= p.len() {
+            skip -= p.len();
+        } else {
+            out.push(&p[skip..]);
+            skip = 0;
+        }
+    }
+}
+
+/// The parsed offsets of a GSO frame after `delta` bytes were inserted (+4) or
+/// removed (-4) in front of its first ethertype.
+fn shift(layout: GsoLayout, delta: isize) -> GsoLayout {
+    let mv = |v: usize| v.saturating_add_signed(delta);
+    let mut h = layout.headers;
+    h.vlan_tags = h.vlan_tags.saturating_add_signed(delta.signum() as i8);
+    h.l3_off = mv(h.l3_off);
+    h.l4_off = mv(h.l4_off);
+    h.frame_len = mv(h.frame_len);
+    h.ip6_unfrag_end = mv(h.ip6_unfrag_end);
+    if h.l3 == L3::Ipv6 {
+        h.ip6_nexthdr_off = mv(h.ip6_nexthdr_off);
+    }
+    GsoLayout {
+        headers: h,
+        ..layout
+    }
+}
+
+/// `frame` with an 802.1Q tag for `vid` after its addresses (priority 0). The header's
+/// offsets and the parsed layout move by 4.
+pub fn push<'a>(
+    frame: &Frame<'a>,
+    vid: Vid,
+    buf: &'a mut ViewBuf<'a>,
+) -> Result<Frame<'a>, DropReason> {
+    if gather(frame.parts, &mut buf.head[..ADDRS_LEN]) < ADDRS_LEN {
+        return Err(DropReason::TooShort);
+    }
+    let mut hdr = frame.hdr;
+    if hdr.needs_csum() {
+        hdr.csum_start = hdr
+            .csum_start
+            .checked_add(4)
+            .ok_or(DropReason::VlanBadOffsets)?;
+    }
+    if hdr.hdr_len != 0 {
+        hdr.hdr_len = hdr
+            .hdr_len
+            .checked_add(4)
+            .ok_or(DropReason::VlanBadOffsets)?;
+    }
+    buf.head[ADDRS_LEN..ADDRS_LEN + 2].copy_from_slice(&ETHERTYPE_VLAN.to_be_bytes());
+    buf.head[ADDRS_LEN + 2..].copy_from_slice(&vid.get().to_be_bytes());
+    let ViewBuf { head, parts } = buf;
+    parts.clear();
+    parts.reserve(frame.parts.len() + 1);
+    parts.push(&head[..]);
+    tail(frame.parts, ADDRS_LEN, parts);
+    Ok(Frame {
+        hdr,
+        parts,
+        len: frame.len + TAG_LEN,
+        tag: Tag::Dot1q(vid.get()),
+        gso: frame.gso.map(|l| shift(l, TAG_LEN as isize)),
+        ..*frame
+    })
+}
+
+/// `frame` without its (first) tag. The header's offsets and the parsed layout move
+/// by -4; a checksum starting inside the tag is refused.
+pub fn pop<'a>(frame: &Frame<'a>, buf: &'a mut ViewBuf<'a>) -> Result<Frame<'a>, DropReason> {
+    if frame.len < ETH_HDR_LEN + TAG_LEN
+        || gather(frame.parts, &mut buf.head[..ADDRS_LEN]) < ADDRS_LEN
+    {
+        return Err(DropReason::TooShort);
+    }
+    let mut hdr = frame.hdr;
+    if hdr.needs_csum() {
+        if usize::from(hdr.csum_start) < ADDRS_LEN + TAG_LEN {
+            return Err(DropReason::VlanBadOffsets);
+        }
+        hdr.csum_start -= 4;
+    }
+    hdr.hdr_len = hdr.hdr_len.saturating_sub(4);
+    let ViewBuf { head, parts } = buf;
+    parts.clear();
+    parts.reserve(frame.parts.len() + 1);
+    parts.push(&head[..ADDRS_LEN]);
+    tail(frame.parts, ADDRS_LEN + TAG_LEN, parts);
+    // What follows the addresses now: 16 bytes are copied, nothing is parsed.
+    let mut now = [0u8; ADDRS_LEN + TAG_LEN];
+    let n = gather(parts, &mut now);
+    Ok(Frame {
+        hdr,
+        parts,
+        len: frame.len - TAG_LEN,
+        tag: Tag::read(&now[..n]),
+        gso: frame.gso.map(|l| shift(l, -(TAG_LEN as isize))),
+        ..*frame
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::segment::testutil::{self, FrameSpec};
+    use crate::segment::{parse_headers, CsumMode, SegmentOpts, Segmenter};
+    use crate::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr, F_NEEDS_CSUM};
+
+    /// A frame over `parts` as the datapath builds it, split anywhere (tests only).
+    fn frame<'a>(hdr: VirtioNetHdr, parts: &'a [&'a [u8]]) -> Frame<'a> {
+        let mut head = [0u8; 16];
+        let n = gather(parts, &mut head);
+        let gso = hdr.gso.is_gso().then(|| {
+            let headers = parse_headers(parts).unwrap();
+            let plan = crate::segment::plan(hdr.gso.kind, hdr.gso_size, &headers, None).unwrap();
+            GsoLayout { headers, plan }
+        });
+        Frame {
+            hdr,
+            parts,
+            len: parts.iter().map(|p| p.len()).sum(),
+            dst: Default::default(),
+            src: Default::default(),
+            tag: Tag::read(&head[..n]),
+            gso,
+        }
+    }
+
+    fn sample(ethertype: u16, len: usize) -> Vec<u8> {
+        let mut f: Vec<u8> = (0..len.max(14)).map(|i| (i * 7 + 3) as u8).collect();
+        f[12..14].copy_from_slice(&ethertype.to_be_bytes());
+        f.truncate(len);
+        f
+    }
+
+    fn tso_hdr() -> VirtioNetHdr {
+        VirtioNetHdr {
+            flags: F_NEEDS_CSUM,
+            gso: GsoType::new(GsoKind::TcpV4),
+            hdr_len: 66,
+            gso_size: 1448,
+            csum_start: 34,
+            csum_offset: 16,
+            num_buffers: 1,
+        }
+    }
+
+    fn plain_hdr() -> VirtioNetHdr {
+        VirtioNetHdr {
+            gso: GsoType::NONE,
+            ..tso_hdr()
+        }
+    }
+
+    #[test]
+    fn classify_by_attachment_and_tag() {
+        let v = |n| Vid::new(n).unwrap();
+        let access = [v(10), v(20)];
+        let c = |at, tag| classify(at, tag, &access);
+        let vlan = |n, tagged| {
+            Ok(Ingress {
+                domain: Vid::new(n),
+                tagged,
+            })
+        };
+        assert_eq!(c(Attach::Access(v(10)), Tag::Untagged), vlan(10, false));
+        for t in [Tag::Dot1q(10), Tag::Dot1q(0), Tag::Other] {
+            assert_eq!(
+                c(Attach::Access(v(10)), t),
+                Err(DropReason::TaggedOnAccessPort)
+            );
+        }
+        assert_eq!(
+            c(Attach::Access(v(10)), Tag::Short),
+            Err(DropReason::TooShort)
+        );
+        assert_eq!(c(Attach::Untagged, Tag::Untagged), Ok(Ingress::UNTAGGED));
+        assert_eq!(c(Attach::Untagged, Tag::Dot1q(30)), Ok(Ingress::UNTAGGED));
+        assert_eq!(c(Attach::Untagged, Tag::Other), Ok(Ingress::UNTAGGED));
+        assert_eq!(
+            c(Attach::Untagged, Tag::Dot1q(20)),
+            Err(DropReason::TaggedWithAccessVlan)
+        );
+        assert_eq!(c(Attach::Trunk, Tag::Dot1q(20)), vlan(20, true));
+        assert_eq!(c(Attach::Trunk, Tag::Dot1q(30)), Ok(Ingress::UNTAGGED));
+        assert_eq!(c(Attach::Trunk, Tag::Dot1q(0)), Ok(Ingress::UNTAGGED));
+        assert_eq!(c(Attach::Trunk, Tag::Other), Ok(Ingress::UNTAGGED));
+        assert_eq!(c(Attach::Trunk, Tag::Untagged), Ok(Ingress::UNTAGGED));
+    }
+
+    #[test]
+    fn push_at_every_split() {
+        let plain = sample(0x0800, 100);
+        let vid = Vid::new(10).unwrap();
+        let mut want = plain[..12].to_vec();
+        want.extend_from_slice(&[0x81, 0x00, 0x00, 0x0a]);
+        want.extend_from_slice(&plain[12..]);
+        for a in 1..plain.len() - 1 {
+            for b in [a + 1, plain.len() - 1] {
+                let parts = testutil::split(&plain, &[a, b]);
+                let f = frame(plain_hdr(), &parts);
+                let mut buf = ViewBuf::default();
+                let t = push(&f, vid, &mut buf).unwrap();
+                assert_eq!(t.parts.concat(), want, "split at {a},{b}");
+                assert_eq!(t.len, want.len());
+                assert!(t.parts.iter().all(|p| !p.is_empty()));
+                // Past the new head, the view borrows the original bytes.
+                let last = *t.parts.last().unwrap();
+                assert_eq!(last.as_ptr(), plain[b.max(12)..].as_ptr());
+                assert_eq!(t.hdr.csum_start, 38);
+                assert_eq!(t.hdr.hdr_len, 70);
+                assert_eq!((t.hdr.csum_offset, t.hdr.gso_size), (16, 1448));
+                assert_eq!(t.tag, Tag::Dot1q(10));
+            }
+        }
+    }
+
+    #[test]
+    fn pop_at_every_split() {
+        let mut tagged = sample(ETHERTYPE_VLAN, 100);
+        tagged[14..16].copy_from_slice(&0x000au16.to_be_bytes());
+        tagged[16..18].copy_from_slice(&0x0800u16.to_be_bytes());
+        let mut want = tagged[..12].to_vec();
+        want.extend_from_slice(&tagged[16..]);
+        let mut hdr = plain_hdr();
+        hdr.csum_start = 38;
+        hdr.hdr_len = 70;
+        for a in 1..tagged.len() - 1 {
+            for b in [a + 1, tagged.len() - 1] {
+                let parts = testutil::split(&tagged, &[a, b]);
+                let f = frame(hdr, &parts);
+                assert_eq!(f.tag, Tag::Dot1q(10));
+                let mut buf = ViewBuf::default();
+                let u = pop(&f, &mut buf).unwrap();
+                assert_eq!(u.parts.concat(), want, "split at {a},{b}");
+                assert_eq!(u.len, want.len());
+                assert!(u.parts.iter().all(|p| !p.is_empty()));
+                assert_eq!((u.hdr.csum_start, u.hdr.hdr_len), (34, 66));
+                assert_eq!(u.tag, Tag::Untagged);
+            }
+        }
+    }
+
+    #[test]
+    fn push_then_pop_is_identity() {
+        let plain = sample(0x86dd, 300);
+        let parts = testutil::split(&plain, &[5, 13, 14, 200]);
+        let f = frame(VirtioNetHdr::default(), &parts);
+        let mut b1 = ViewBuf::default();
+        let t = push(&f, Vid::new(4094).unwrap(), &mut b1).unwrap();
+        assert_eq!(t.tag, Tag::Dot1q(4094));
+        let mut b2 = ViewBuf::default();
+        let u = pop(&t, &mut b2).unwrap();
+        assert_eq!(u.parts.concat(), plain);
+        // Without NEEDS_CSUM and hdr_len the offsets are left alone.
+        assert_eq!(u.hdr, VirtioNetHdr::default());
+        assert_eq!(t.hdr, VirtioNetHdr::default());
+    }
+
+    #[test]
+    fn refuses_what_cannot_be_rewritten() {
+        let short = sample(0x0800, 11);
+        let parts = [&short[..]];
+        let f = frame(VirtioNetHdr::default(), &parts);
+        let mut b = ViewBuf::default();
+        assert_eq!(
+            push(&f, Vid::new(1).unwrap(), &mut b).err(),
+            Some(DropReason::TooShort)
+        );
+        // A checksum that would start inside the removed tag.
+        let tagged = sample(ETHERTYPE_VLAN, 80);
+        let parts = [&tagged[..]];
+        let mut hdr = plain_hdr();
+        hdr.csum_start = 14;
+        let f = frame(hdr, &parts);
+        let mut b = ViewBuf::default();
+        assert_eq!(pop(&f, &mut b).err(), Some(DropReason::VlanBadOffsets));
+        hdr.csum_start = u16::MAX - 1;
+        let f = frame(hdr, &parts);
+        let mut b = ViewBuf::default();
+        assert_eq!(
+            push(&f, Vid::new(1).unwrap(), &mut b).err(),
+            Some(DropReason::VlanBadOffsets)
+        );
+    }
+
+    fn spec(v6: bool) -> FrameSpec {
+        FrameSpec {
+            v6,
+            tcp_opts: testutil::tcp_timestamps(),
+            payload: testutil::pattern(45 * 1448 + 7),
+            ..FrameSpec::default()
+        }
+    }
+
+    /// Segments the view `f` with its carried layout (which must be what parsing the
+    /// view finds), pops the tag of every segment (which must carry `vid`) and checks
+    /// them against `plain`, the untagged frame's spec.
+    fn segment_and_check(f: &Frame, vid: u16, plain: &FrameSpec, gso: &VirtioNetHdr) {
+        let l = f.gso.unwrap();
+        assert_eq!(l.headers, parse_headers(f.parts).unwrap(), "shifted layout");
+        let opts = SegmentOpts {
+            csum: CsumMode::Full,
+            max_frame: None,
+        };
+        let mut segs = Vec::new();
+        let mut sum = Segmenter::new()
+            .segment_planned(&f.hdr, Some((&l.headers, &l.plan)), f.parts, &opts, |s| {
+                segs.push((s.vnet, s.to_vec()));
+                true
+            })
+            .unwrap();
+        assert_eq!(segs.len(), 46);
+        let untagged: Vec<_> = segs
+            .iter()
+            .map(|(h, s)| {
+                assert_eq!(Tag::read(s), Tag::Dot1q(vid));
+                let parts = [&s[..]];
+                let t = frame(*h, &parts);
+                let mut b = ViewBuf::default();
+                let u = pop(&t, &mut b).unwrap();
+                (u.hdr, u.parts.concat())
+            })
+            .collect();
+        sum.bytes -= 4 * segs.len();
+        testutil::check(plain, gso, &opts, &sum, &untagged);
+    }
+
+    #[test]
+    fn pushed_tso_frames_segment_correctly() {
+        for v6 in [false, true] {
+            let plain = spec(v6);
+            let (bytes, l4_off) = testutil::build(&plain);
+            let kind = if v6 { GsoKind::TcpV6 } else { GsoKind::TcpV4 };
+            let hdr = testutil::gso_hdr(kind, 1448, l4_off, true);
+            let parts = testutil::split(&bytes, &[7, 13, 40, 3000, 20000]);
+            let parts: Vec<&[u8]> = parts.into_iter().filter(|p| !p.is_empty()).collect();
+            let f = frame(hdr, &parts);
+            let mut b = ViewBuf::default();
+            let t = push(&f, Vid::new(10).unwrap(), &mut b).unwrap();
+            assert_eq!(usize::from(t.hdr.csum_start), l4_off + 4);
+            crate::frame::validate::validate(&t.hdr, t.parts)
+                .expect("tagged view is a valid GSO frame");
+            segment_and_check(&t, 10, &plain, &hdr);
+        }
+    }
+
+    #[test]
+    fn popped_tso_frames_segment_correctly() {
+        let plain = spec(false);
+        let tagged_spec = FrameSpec {
+            vlans: vec![ETHERTYPE_VLAN],
+            ..plain.clone()
+        };
+        let (bytes, l4_off) = testutil::build(&tagged_spec);
+        let hdr = testutil::gso_hdr(GsoKind::TcpV4, 1448, l4_off, true);
+        let parts = testutil::split(&bytes, &[15, 17, 1000]);
+        let f = frame(hdr, &parts);
+        let mut b = ViewBuf::default();
+        let u = pop(&f, &mut b).unwrap();
+        assert_eq!(usize::from(u.hdr.csum_start), l4_off - 4);
+        assert_eq!(u.tag, Tag::Untagged);
+        let l = u.gso.unwrap();
+        assert_eq!(l.headers, parse_headers(u.parts).unwrap(), "shifted layout");
+        let opts = SegmentOpts {
+            csum: CsumMode::Full,
+            max_frame: None,
+        };
+        let (sum, segs) = testutil::run(&u.hdr, u.parts, &opts).unwrap();
+        let plain_hdr = testutil::gso_hdr(GsoKind::TcpV4, 1448, l4_off - 4, true);
+        testutil::check(&plain, &plain_hdr, &opts, &sum, &segs);
+        // And back: re-tagging the untagged view segments like the original.
+        let mut b2 = ViewBuf::default();
+        let t = push(&u, Vid::new(5).unwrap(), &mut b2).unwrap();
+        segment_and_check(&t, 5, &plain, &plain_hdr);
+    }
+}

@@ -1,0 +1,157 @@
+//! `DeviceUplink`: an uplink over any `UplinkDevice`. It is a destination for the
+//! switch (one writev per frame, vnet header first) and keeps the operator's
+//! settings (`gso=`, `max_burst=`) and the counters.
+
+use std::io;
+use std::sync::RwLock;
+
+use tracing::info;
+
+use super::packet::{PacketError, PacketSocket};
+use super::tap::{Tap, TapError};
+use super::{Uplink, UplinkDevice};
+use crate::backend::switch::deliver::Destination;
+use crate::backend::switch::SwitchUplink;
+use crate::config::{GsoMode, UplinkConfig};
+use crate::features::Caps;
+use crate::stats::{Counters, DropReason};
+use crate::vnet_hdr::VirtioNetHdr;
+
+/// An uplink over a device: its settings and counters.
+pub struct DeviceUplink<D: UplinkDevice> {
+    pub(super) dev: D,
+    cfg: RwLock<UplinkConfig>,
+    pub(super) stats: Counters,
+}
+
+/// A tap device gsonet creates.
+pub type TapUplink = DeviceUplink<Tap>;
+/// An existing interface through AF_PACKET.
+pub type PacketUplink = DeviceUplink<PacketSocket>;
+
+impl TapUplink {
+    pub fn open(cfg: &UplinkConfig, name: &str) -> Result<TapUplink, TapError> {
+        let tap = Tap::open(name, cfg.queues.unwrap_or(1) as usize)?;
+        info!(tap = name, queues = tap.queues(), "tap uplink ready");
+        Ok(DeviceUplink::new(tap, cfg))
+    }
+}
+
+impl PacketUplink {
+    pub fn open(cfg: &UplinkConfig, name: &str, bypass: bool) -> Result<PacketUplink, PacketError> {
+        let sock = PacketSocket::open(name, cfg.queues.unwrap_or(1) as usize, bypass)?;
+        info!(
+            dev = name,
+            queues = sock.queues(),
+            vnet_hdr = sock.hdr_len(),
+            qdisc_bypass = bypass,
+            "packet uplink ready"
+        );
+        Ok(DeviceUplink::new(sock, cfg))
+    }
+}
+
+impl<D: UplinkDevice> DeviceUplink<D> {
+    pub fn new(dev: D, cfg: &UplinkConfig) -> DeviceUplink<D> {
+        DeviceUplink {
+            dev,
+            cfg: RwLock::new(cfg.clone()),
+            stats: Counters::default(),
+        }
+    }
+
+    fn cfg(&self) -> UplinkConfig {
+        self.cfg.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl<D: UplinkDevice> Destination for DeviceUplink<D> {
+    fn caps(&self) -> Caps {
+        match self.cfg().gso {
+            GsoMode::Pass => Caps::ALL,
+            // Segment here; the kernel still finishes partial checksums.
+            GsoMode::Software => Caps {
+                csum: true,
+                ..Caps::default()
+            },
+        }
+    }
+
+    fn max_burst(&self) -> Option<usize> {
+        self.cfg().max_burst
+    }
+
+    fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
+        let mut h = *hdr;
+        h.num_buffers = 0;
+        let hb = h.to_bytes();
+        let mut iov: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
+        iov.push(&hb[..self.dev.hdr_len()]);
+        iov.extend_from_slice(parts);
+        match self.dev.send(queue, &iov) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(send_error(&e)),
+        }
+    }
+
+    fn stats(&self) -> &Counters {
+        &self.stats
+    }
+}
+
+/// The drop reason for a failed device write.
+fn send_error(e: &io::Error) -> DropReason {
+    match e.raw_os_error() {
+        Some(libc::EINVAL) => DropReason::UplinkRejected,
+        Some(libc::EAGAIN) | Some(libc::ENOBUFS) => DropReason::UplinkBusy,
+        Some(libc::EMSGSIZE) => DropReason::UplinkTooBig,
+        Some(libc::ENETDOWN) | Some(libc::ENXIO) => DropReason::UplinkDown,
+        _ => DropReason::UplinkError,
+    }
+}
+
+impl<D: UplinkDevice> SwitchUplink for DeviceUplink<D> {
+    fn name(&self) -> String {
+        self.dev.name()
+    }
+
+    fn set_rx_offload(&self, caps: Caps) -> Result<Caps, String> {
+        self.dev.set_offload(caps)
+    }
+}
+
+impl<D: UplinkDevice> Uplink for DeviceUplink<D> {
+    fn counters(&self) -> &Counters {
+        &self.stats
+    }
+
+    fn gso_mode(&self) -> GsoMode {
+        self.cfg().gso
+    }
+
+    fn set_gso_mode(&self, mode: GsoMode) {
+        self.cfg.write().unwrap_or_else(|e| e.into_inner()).gso = mode;
+    }
+
+    fn set_max_burst(&self, max: Option<usize>) {
+        self.cfg
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .max_burst = max;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_errors_have_reasons() {
+        let r = |n| send_error(&io::Error::from_raw_os_error(n));
+        assert_eq!(r(libc::EINVAL), DropReason::UplinkRejected);
+        assert_eq!(r(libc::ENOBUFS), DropReason::UplinkBusy);
+        assert_eq!(r(libc::EAGAIN), DropReason::UplinkBusy);
+        assert_eq!(r(libc::EMSGSIZE), DropReason::UplinkTooBig);
+        assert_eq!(r(libc::EIO), DropReason::UplinkError);
+    }
+}

@@ -1,0 +1,65 @@
+//! Uplinks: host-side endpoints of the switch. Two kinds of device carry frames with a
+//! virtio_net_hdr in front: a tap (`tap`) and an existing interface through an
+//! AF_PACKET socket (`packet`). Everything above the device lives once in
+//! `DeviceUplink` (`device`) and its reader threads (`reader`).
+
+pub mod device;
+pub mod packet;
+pub mod reader;
+pub mod tap;
+
+use std::io;
+use std::os::fd::RawFd;
+
+use crate::backend::switch::SwitchUplink;
+use crate::config::GsoMode;
+use crate::features::Caps;
+use crate::stats::Counters;
+
+/// An uplink as the control socket sees it: the switch's view plus its settings.
+pub trait Uplink: SwitchUplink {
+    fn counters(&self) -> &Counters;
+    fn gso_mode(&self) -> GsoMode;
+    fn set_gso_mode(&self, mode: GsoMode);
+    fn set_max_burst(&self, max: Option<usize>);
+}
+
+/// What `DeviceUplink` needs from a device: per-queue fds that read and write one
+/// frame at a time, each preceded by a virtio_net_hdr of `hdr_len()` bytes.
+pub trait UplinkDevice: Send + Sync + 'static {
+    /// `kind=NAME`, as on the command line.
+    fn name(&self) -> String;
+    /// Short prefix for thread names ("tap", "pkt").
+    fn thread_prefix(&self) -> &'static str;
+    fn queues(&self) -> usize;
+    fn fd(&self, queue: usize) -> RawFd;
+    /// Length of the virtio_net_hdr in front of every frame: 12, or 10 for an
+    /// AF_PACKET socket on a kernel without PACKET_VNET_HDR_SZ.
+    fn hdr_len(&self) -> usize;
+    /// Reads one frame (header first) into `buf` and says where in `buf` it lies.
+    /// `Ok(None)`: a frame to skip (one we sent ourselves); `WouldBlock` when the
+    /// queue is empty.
+    fn recv(&self, queue: usize, buf: &mut [u8]) -> io::Result<Option<std::ops::Range<usize>>>;
+    /// Writes one frame (header first) with a single writev.
+    fn send(&self, queue: usize, iov: &[&[u8]]) -> io::Result<usize>;
+    /// Tells the device which offloads the guests behind it accept.
+    fn set_offload(&self, caps: Caps) -> Result<Caps, String>;
+}
+
+/// Writes `iov` to `fd` with one writev (tap and packet sockets alike).
+pub fn writev(fd: RawFd, iov: &[&[u8]]) -> io::Result<usize> {
+    let iovs: Vec<libc::iovec> = iov
+        .iter()
+        .map(|s| libc::iovec {
+            iov_base: s.as_ptr() as *mut libc::c_void,
+            iov_len: s.len(),
+        })
+        .collect();
+    // SAFETY: every iovec points into a live slice for the duration of the call.
+    let n = unsafe { libc::writev(fd, iovs.as_ptr(), iovs.len() as libc::c_int) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}

@@ -1,0 +1,104 @@
+//! The reader threads of an uplink, one per device queue: read a frame, parse it once
+//! into a typed frame, forward it (holding it for a full guest queue, see
+//! `backpressure`), and signal the guests written to once per batch.
+
+use std::io;
+use std::sync::Arc;
+use std::thread;
+
+use tracing::{debug, error};
+
+use super::device::DeviceUplink;
+use super::UplinkDevice;
+use crate::backend::switch::backpressure::forward_holding;
+use crate::backend::switch::deliver::DeliverCtx;
+use crate::backend::switch::{Endpoint, Switch};
+use crate::frame::Frame;
+use crate::l2::ETH_HDR_LEN;
+use crate::stats::DropReason;
+use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
+
+/// Frames read from one queue before pending guest signals are flushed.
+const RX_BATCH: usize = 64;
+
+/// Starts one reader thread per device queue; `id` is the uplink's index in the switch.
+pub fn start<D: UplinkDevice>(
+    uplink: Arc<DeviceUplink<D>>,
+    id: usize,
+    switch: Arc<Switch>,
+) -> io::Result<()> {
+    for q in 0..uplink.dev.queues() {
+        let me = uplink.clone();
+        let sw = switch.clone();
+        thread::Builder::new()
+            .name(format!("{}{q}-rx", uplink.dev.thread_prefix()))
+            .spawn(move || read_loop(&me, id, q, &sw))?;
+    }
+    Ok(())
+}
+
+fn read_loop<D: UplinkDevice>(up: &DeviceUplink<D>, id: usize, queue: usize, switch: &Switch) {
+    let mut buf = vec![0u8; HDR_LEN + 65535 + 64];
+    let mut ctx = DeliverCtx::default();
+    let fd = up.dev.fd(queue);
+    loop {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, 1000) };
+        if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            error!(uplink = %up.dev.name(), "poll failed: {}", io::Error::last_os_error());
+            return;
+        }
+        for _ in 0..RX_BATCH {
+            let at = match up.dev.recv(queue, &mut buf) {
+                Ok(Some(at)) => at,
+                Ok(None) => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
+                    up.stats.drop(DropReason::TooLong);
+                    continue;
+                }
+                Err(e) => {
+                    debug!(uplink = %up.dev.name(), "read: {e}");
+                    up.stats.drop(DropReason::UplinkReadError);
+                    break;
+                }
+            };
+            handle_frame(up, id, queue, &buf[at], switch, &mut ctx);
+        }
+        ctx.flush();
+    }
+}
+
+/// One frame as read from the device, vnet header first.
+fn handle_frame<D: UplinkDevice>(
+    up: &DeviceUplink<D>,
+    id: usize,
+    queue: usize,
+    bytes: &[u8],
+    switch: &Switch,
+    ctx: &mut DeliverCtx,
+) {
+    let hl = up.dev.hdr_len();
+    if bytes.len() < hl + ETH_HDR_LEN {
+        up.stats.drop(DropReason::TooShort);
+        return;
+    }
+    // A 10-byte header is the 12-byte one without num_buffers.
+    let mut raw = [0u8; HDR_LEN];
+    raw[..hl].copy_from_slice(&bytes[..hl]);
+    let Ok(hdr) = VirtioNetHdr::from_bytes(&raw) else {
+        up.stats.drop(DropReason::BadHeader);
+        return;
+    };
+    let parts = [&bytes[hl..]];
+    up.stats.tx(bytes.len() - hl);
+    match Frame::from_device(hdr, &parts) {
+        Ok(frame) => forward_holding(switch, Endpoint::Uplink(id), queue, &frame, ctx),
+        Err(reason) => up.stats.drop(reason),
+    }
+}

@@ -1,0 +1,179 @@
+//! The `VhostUserBackend` of one port: the thin shell rust-vmm's daemon drives. It
+//! answers feature and config questions, keeps the port's memory and vrings, and
+//! hands TX kicks to the TX loop and RX kicks to the switch.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+
+use tracing::info;
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost_user_backend::VhostUserBackend;
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::port::{Mem, Port, Vring};
+use super::tx::{self, TxWorker};
+use crate::backend::switch::Switch;
+use crate::features::Negotiated;
+
+/// The `VhostUserBackend` of one port.
+#[derive(Clone)]
+pub struct PortBackend {
+    port: Arc<Port>,
+    switch: Arc<Switch>,
+    exits: Arc<Vec<(EventConsumer, EventNotifier)>>,
+    /// One per worker (queue pair): its TX buffer and delivery state.
+    workers: Arc<Vec<Mutex<TxWorker>>>,
+    /// One per worker: signalled once at start so each worker hands its vrings to the
+    /// port before the guest kicks anything (see `introduce_workers`).
+    hellos: Arc<Vec<EventFd>>,
+}
+
+/// Listener id of the start-up event, past the queue and exit ids.
+fn hello_id(queue_pairs: usize) -> u64 {
+    queue_pairs as u64 * 2 + 1
+}
+
+impl PortBackend {
+    pub fn new(port: Arc<Port>, switch: Arc<Switch>) -> io::Result<PortBackend> {
+        let exits = (0..port.queue_pairs())
+            .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
+            .collect::<io::Result<Vec<_>>>()?;
+        let hellos = (0..port.queue_pairs())
+            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .collect::<io::Result<Vec<_>>>()?;
+        let workers = (0..port.queue_pairs())
+            .map(|_| Mutex::new(TxWorker::default()))
+            .collect();
+        Ok(PortBackend {
+            port,
+            switch,
+            exits: Arc::new(exits),
+            workers: Arc::new(workers),
+            hellos: Arc::new(hellos),
+        })
+    }
+
+    /// Has every worker run once, so the port knows its RX vrings from the start.
+    /// Without it the port learns a vring at the worker's first kick, and frames for
+    /// the guest that arrive before that (a flood right after the guest posted its
+    /// buffers) are lost for want of a queue. `handlers` are the daemon's epoll
+    /// handlers, one per worker.
+    pub fn introduce_workers<T>(
+        &self,
+        handlers: &[Arc<vhost_user_backend::VringEpollHandler<T>>],
+    ) -> io::Result<()>
+    where
+        T: VhostUserBackend,
+    {
+        let id = hello_id(self.port.queue_pairs());
+        for (h, fd) in handlers.iter().zip(self.hellos.iter()) {
+            h.register_listener(fd.as_raw_fd(), EventSet::IN, id)?;
+            fd.write(1)?;
+        }
+        Ok(())
+    }
+}
+
+impl VhostUserBackend for PortBackend {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        self.port.queue_pairs() * 2
+    }
+
+    fn max_queue_size(&self) -> usize {
+        1024
+    }
+
+    fn features(&self) -> u64 {
+        self.port.offered()
+    }
+
+    fn acked_features(&self, acked: u64) {
+        let neg = Negotiated::from_acked(acked);
+        info!(port = %self.port.name(), acked = format_args!("{acked:#x}"), rx = ?neg.rx, tx = ?neg.tx, "guest acked features");
+        self.port.set_negotiated(neg);
+        self.switch.caps_changed();
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK
+    }
+
+    fn set_event_idx(&self, _enabled: bool) {}
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        // struct virtio_net_config: mac[6], status, max_virtqueue_pairs, mtu.
+        let mut cfg = Vec::with_capacity(12);
+        cfg.extend_from_slice(&self.port.cfg.mac.map(|m| m.0).unwrap_or_default());
+        cfg.extend_from_slice(&1u16.to_le_bytes()); // VIRTIO_NET_S_LINK_UP
+        cfg.extend_from_slice(&(self.port.queue_pairs() as u16).to_le_bytes());
+        cfg.extend_from_slice(&self.port.cfg.mtu.to_le_bytes());
+        let start = (offset as usize).min(cfg.len());
+        let end = (offset as usize)
+            .saturating_add(size as usize)
+            .min(cfg.len());
+        let mut out = cfg[start..end].to_vec();
+        out.resize(size as usize, 0);
+        out
+    }
+
+    fn update_memory(&self, mem: Mem) -> io::Result<()> {
+        self.port.set_mem(mem);
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        (0..self.port.queue_pairs())
+            .map(|i| 0b11u64 << (2 * i))
+            .collect()
+    }
+
+    fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let (c, n) = self.exits.get(thread_index)?;
+        Some((c.try_clone().ok()?, n.try_clone().ok()?))
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        _evset: EventSet,
+        vrings: &[Vring],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        // Each worker owns one pair: vrings[0] is its RX queue, vrings[1] its TX queue.
+        let pair = thread_id;
+        if let Some(rxq) = vrings.first() {
+            self.port.remember_rx(pair, rxq);
+        }
+        match device_event {
+            0 => {
+                // The guest added RX buffers; uplink readers waiting for room retry.
+                self.port.rx_refilled();
+                self.switch.rx_space();
+                Ok(())
+            }
+            1 => {
+                if let (Some(txq), Some(w)) = (vrings.get(1), self.workers.get(pair)) {
+                    let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+                    tx::drain(&self.port, &self.switch, pair, txq, &mut w);
+                }
+                Ok(())
+            }
+            e if e as u64 == hello_id(self.port.queue_pairs()) => {
+                // The vrings are remembered above; consume the event.
+                if let Some(fd) = self.hellos.get(pair) {
+                    let _ = fd.read();
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! The vhost-user side of a port: the relay in front of the vhost crate, the port's
+//! shared state and RX writer, the `VhostUserBackend` shell and the TX loop.
+
+pub mod backend;
+pub mod port;
+pub mod relay;
+pub mod tx;

@@ -1,0 +1,257 @@
+//! A vhost-user port: the state one guest's virtio-net device shares between its
+//! queue workers, the switch and the uplink readers, and the RX writer other threads
+//! use to hand it frames (under the RX queue's own lock, held for the copy only).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, RwLock};
+
+use vhost_user_backend::{VringRwLock, VringT};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+
+use crate::backend::switch::backpressure::StallClock;
+use crate::backend::switch::deliver::Destination;
+use crate::backend::switch::SwitchPort;
+use crate::config::PortConfig;
+use crate::features::{self, Caps, FeatureMask, Negotiated};
+use crate::l2::Vid;
+use crate::ring::rx::{self, RxError, RxScratch};
+use crate::ring::GuestMem;
+use crate::stats::{Counters, DropReason};
+use crate::vnet_hdr::VirtioNetHdr;
+
+pub type Mem = GuestMemoryAtomic<GuestMem>;
+pub type Vring = VringRwLock<Mem>;
+
+/// One RX queue as other threads see it: the vring (known once its worker ran) and
+/// scratch space, behind the queue's own lock.
+#[derive(Default)]
+struct RxSlot {
+    vring: Option<Vring>,
+    scratch: RxScratch,
+}
+
+/// State shared by the port's workers, the switch, and the uplink readers.
+pub struct Port {
+    pub id: usize,
+    pub cfg: PortConfig,
+    /// The operator's mask and the offer it gives.
+    offer: RwLock<(FeatureMask, u64)>,
+    negotiated: RwLock<Option<Negotiated>>,
+    mem: RwLock<Option<Mem>>,
+    rx: Vec<Mutex<RxSlot>>,
+    connected: AtomicBool,
+    /// How long the guest has kept its RX queue full.
+    stall: StallClock,
+    /// Runtime `max_burst` (0: none), changed with `gsonet ctl`.
+    max_burst: AtomicUsize,
+    pub stats: Counters,
+}
+
+impl Port {
+    pub fn new(id: usize, cfg: PortConfig) -> Port {
+        let pairs = cfg.queues as usize;
+        Port {
+            id,
+            offer: RwLock::new((cfg.mask, features::offer(&cfg.mask, cfg.queues))),
+            negotiated: RwLock::new(None),
+            mem: RwLock::new(None),
+            rx: (0..pairs).map(|_| Mutex::new(RxSlot::default())).collect(),
+            connected: AtomicBool::new(false),
+            max_burst: AtomicUsize::new(cfg.max_burst.unwrap_or(0)),
+            stall: StallClock::default(),
+            stats: Counters::default(),
+            cfg,
+        }
+    }
+
+    pub fn max_burst(&self) -> Option<usize> {
+        Some(self.max_burst.load(Ordering::Relaxed)).filter(|&b| b > 0)
+    }
+
+    pub fn set_max_burst(&self, b: Option<usize>) {
+        self.max_burst.store(b.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    pub fn name(&self) -> String {
+        self.cfg.name()
+    }
+
+    pub fn queue_pairs(&self) -> usize {
+        self.rx.len()
+    }
+
+    pub fn offered(&self) -> u64 {
+        self.offer.read().unwrap_or_else(|e| e.into_inner()).1
+    }
+
+    pub fn mask(&self) -> FeatureMask {
+        self.offer.read().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    /// Re-computes the offer after a mask change. It takes effect with the next
+    /// frontend connection: QEMU asks a backend for its features once per connection
+    /// and keeps them across guest reboots and driver reloads.
+    pub fn set_mask(&self, mask: FeatureMask) {
+        *self.offer.write().unwrap_or_else(|e| e.into_inner()) =
+            (mask, features::offer(&mask, self.cfg.queues));
+    }
+
+    pub fn negotiated(&self) -> Option<Negotiated> {
+        *self.negotiated.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+
+    pub fn set_connected(&self, up: bool) {
+        self.connected.store(up, Ordering::Release);
+        if !up {
+            *self.negotiated.write().unwrap_or_else(|e| e.into_inner()) = None;
+            *self.mem.write().unwrap_or_else(|e| e.into_inner()) = None;
+            for slot in &self.rx {
+                if let Ok(mut s) = slot.lock() {
+                    s.vring = None;
+                }
+            }
+        }
+    }
+
+    /// Whether every RX queue's vring is known (see `PortBackend::introduce_workers`).
+    pub fn rx_known(&self) -> bool {
+        self.rx
+            .iter()
+            .all(|s| s.lock().map(|s| s.vring.is_some()).unwrap_or(false))
+    }
+
+    /// The guest acked `acked`: the port is live.
+    pub fn set_negotiated(&self, neg: Negotiated) {
+        *self.negotiated.write().unwrap_or_else(|e| e.into_inner()) = Some(neg);
+        self.connected.store(true, Ordering::Release);
+    }
+
+    /// The frontend's memory table changed.
+    pub fn set_mem(&self, mem: Mem) {
+        *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
+    }
+
+    /// The guest memory as mapped now, if the frontend sent a table.
+    pub fn memory(&self) -> Option<<Mem as GuestAddressSpace>::T> {
+        self.mem
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|m| m.memory())
+    }
+
+    /// Remembers the vring of RX queue `pair`, seen by its worker.
+    pub fn remember_rx(&self, pair: usize, vring: &Vring) {
+        if let Some(slot) = self.rx.get(pair) {
+            if let Ok(mut s) = slot.lock() {
+                if s.vring.is_none() {
+                    s.vring = Some(vring.clone());
+                }
+            }
+        }
+    }
+
+    /// Writes one frame into RX queue `pair` (modulo the pairs this port has).
+    /// The caller signals the guest later, once per batch (`Pending::flush`).
+    pub fn receive(&self, pair: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), RxError> {
+        let Some(neg) = self.negotiated() else {
+            return Err(RxError::NoBuffers);
+        };
+        let mem = match &*self.mem.read().unwrap_or_else(|e| e.into_inner()) {
+            Some(m) => m.memory(),
+            None => return Err(RxError::NoBuffers),
+        };
+        let pair = pair % self.rx.len();
+        let mut slot = self.rx[pair].lock().unwrap_or_else(|e| e.into_inner());
+        let RxSlot { vring, scratch } = &mut *slot;
+        let Some(vring) = vring else {
+            return Err(RxError::NoBuffers);
+        };
+        let mut state = vring.get_mut();
+        if !state.get_queue().ready() || !state.is_enabled() {
+            return Err(RxError::NoBuffers);
+        }
+        let r = rx::write_frame(
+            state.get_queue_mut(),
+            &mem,
+            scratch,
+            hdr,
+            neg.hdr_len(),
+            parts,
+            neg.mrg_rxbuf,
+        );
+        if r == Err(RxError::NoBuffers) && neg.event_idx {
+            // Ask the guest to kick when it adds buffers (avail_event = next_avail).
+            let _ = state.enable_notification();
+        }
+        match r {
+            Ok(_) => self.stall.room(),
+            Err(RxError::NoBuffers) => self.stall.full(),
+            Err(_) => {}
+        }
+        r.map(|_| ())
+    }
+
+    /// The guest added RX buffers.
+    pub fn rx_refilled(&self) {
+        self.stall.room();
+    }
+
+    /// Signals the guest for RX queue `pair` if the ring says it wants it.
+    fn signal_rx_queue(&self, pair: usize) {
+        let slot = self.rx[pair % self.rx.len()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = &slot.vring {
+            if v.needs_notification().unwrap_or(true) {
+                let _ = v.signal_used_queue();
+            }
+        }
+    }
+}
+
+impl Destination for Port {
+    fn caps(&self) -> Caps {
+        self.negotiated().map(|n| n.rx).unwrap_or_default()
+    }
+
+    fn max_burst(&self) -> Option<usize> {
+        Port::max_burst(self)
+    }
+
+    fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
+        match self.receive(queue, hdr, parts) {
+            Ok(()) => Ok(()),
+            // Not worth waiting for: the guest has not read its queue for a while.
+            Err(RxError::NoBuffers) if self.stall.stalled() => Err(DropReason::RxQueueStalled),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn stats(&self) -> &Counters {
+        &self.stats
+    }
+}
+
+impl SwitchPort for Port {
+    fn vlan(&self) -> Option<Vid> {
+        self.cfg.vlan
+    }
+
+    fn is_connected(&self) -> bool {
+        Port::is_connected(self)
+    }
+
+    fn rx_caps(&self) -> Option<Caps> {
+        self.negotiated().map(|n| n.rx)
+    }
+
+    fn signal_rx(&self, queue: usize) {
+        self.signal_rx_queue(queue);
+    }
+}

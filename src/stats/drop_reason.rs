@@ -1,0 +1,155 @@
+//! Why a frame was dropped: one variant per cause, each with the stable name shown in
+//! `gsonet stats` and one documented meaning (docs/configuration.md lists them all).
+
+use std::fmt;
+
+macro_rules! drop_reasons {
+    ($( $(#[doc = $doc:literal])+ $variant:ident = $name:literal, )+) => {
+        /// Every cause of a dropped frame. The per-layer error types convert into it.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum DropReason {
+            $( $(#[doc = $doc])+ $variant, )+
+        }
+
+        impl DropReason {
+            /// Every reason, in counter order.
+            pub const ALL: &'static [DropReason] = &[$(DropReason::$variant,)+];
+
+            /// The counter's name in `gsonet stats` (stable).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(DropReason::$variant => $name,)+
+                }
+            }
+
+            /// What the counter means, for documentation and `--help`.
+            pub fn meaning(self) -> &'static str {
+                match self {
+                    $(DropReason::$variant => concat!($($doc),+).trim_start(),)+
+                }
+            }
+        }
+    };
+}
+
+drop_reasons! {
+    // A guest's TX descriptor chain (ring::tx).
+    /// A TX descriptor points outside guest memory.
+    BadAddress = "bad_address",
+    /// A TX chain holds a device-writable descriptor.
+    WritableDescriptor = "writable_descriptor",
+    /// The frame ends inside its Ethernet header (addresses, VLAN tags, ethertype).
+    TooShort = "too_short",
+    /// The frame is longer than the largest gsonet carries (a 64 KiB IP packet behind Ethernet and two tags).
+    TooLong = "too_long",
+    /// The virtio_net_hdr cannot be decoded: shorter than negotiated, or an unknown gso_type.
+    BadHeader = "bad_header",
+    /// A TX chain has more descriptors than its queue has entries.
+    TooManyDescriptors = "too_many_descriptors",
+    /// A TX chain ends at a descriptor that still points on (bad next index, loop, bad indirect table).
+    BrokenChain = "broken_chain",
+
+    // A guest's TX header against its frame and what it negotiated (frame::validate).
+    /// A GSO frame of a type the guest did not negotiate (HOST_TSO4/6, HOST_ECN, HOST_UFO, HOST_USO).
+    GsoNotNegotiated = "gso_not_negotiated",
+    /// NEEDS_CSUM from a guest that did not negotiate CSUM.
+    CsumNotNegotiated = "csum_not_negotiated",
+    /// gso_size 0 on a GSO frame.
+    GsoSizeZero = "gso_size_zero",
+    /// gso_size 0xffff.
+    GsoSizeMax = "gso_size_max",
+    /// The checksum field (csum_start + csum_offset + 2) lies beyond the frame.
+    CsumOutOfFrame = "csum_out_of_frame",
+    /// csum_start of a GSO frame below the bare IPv4 (34) or IPv6 (54) minimum.
+    CsumStartTooSmall = "csum_start_too_small",
+    /// csum_start of a GSO frame is not where its L4 header is.
+    CsumStartNotL4 = "csum_start_not_l4",
+    /// The Ethernet/IP/TCP/UDP headers of a GSO frame cannot be parsed.
+    BadHeaders = "bad_headers",
+    /// A TCPv4/TCPv6 GSO type on a frame of the other IP version.
+    GsoL3Mismatch = "gso_l3_mismatch",
+    /// A GSO type on a frame of another L4 protocol (TSO on UDP, UFO/USO on TCP).
+    GsoL4Mismatch = "gso_l4_mismatch",
+    /// TSO with a partial checksum whose csum_offset is not 16.
+    TsoCsumOffset = "tso_csum_offset",
+    /// USO without NEEDS_CSUM.
+    UsoNoCsum = "uso_no_csum",
+    /// USO with a csum_offset other than 6.
+    UsoCsumOffset = "uso_csum_offset",
+    /// UFO with a partial checksum whose csum_offset is not 6.
+    UfoCsumOffset = "ufo_csum_offset",
+    /// USO with the ECN bit.
+    UsoEcn = "uso_ecn",
+    /// USO asking for more than 128 segments.
+    UsoTooManySegments = "uso_too_many_segments",
+    /// A GSO frame that could not be segmented (lengths, fragment sizes).
+    Unsegmentable = "unsegmentable",
+    /// A GSO frame whose IP or UDP length field disagrees with its size.
+    LengthMismatch = "length_mismatch",
+
+    // The switch.
+    /// A tagged frame from a guest on an access port.
+    TaggedOnAccessPort = "tagged_on_access_port",
+    /// A frame from an untagged-domain guest tagged with some port's access VLAN.
+    TaggedWithAccessVlan = "tagged_with_access_vlan",
+    /// A checksum that would start inside the VLAN tag being removed, or offsets that overflow when one is added.
+    VlanBadOffsets = "vlan_bad_offsets",
+
+    // Delivery to a destination.
+    /// Software segmentation or checksum completion failed for this destination (e.g. max_burst below the headers).
+    SegmentError = "segment_error",
+    /// The guest's RX queue had no room for the frame.
+    RxQueueFull = "rx_queue_full",
+    /// The guest has kept its RX queue full for 200 ms or more: its frames are dropped at once.
+    RxQueueStalled = "rx_queue_stalled",
+    /// An RX buffer too small for the frame, and no MRG_RXBUF.
+    RxBufferTooSmall = "rx_buffer_too_small",
+    /// An RX chain holds a device-readable descriptor.
+    RxReadableDescriptor = "rx_readable_descriptor",
+    /// An RX descriptor points outside guest memory.
+    RxBadAddress = "rx_bad_address",
+
+    // Uplink devices.
+    /// Reading from the uplink device failed.
+    UplinkReadError = "uplink_read_error",
+    /// The kernel refused the frame (EINVAL: a header it does not accept).
+    UplinkRejected = "uplink_rejected",
+    /// The device's queue was full (EAGAIN, ENOBUFS).
+    UplinkBusy = "uplink_busy",
+    /// Larger than the device takes (EMSGSIZE).
+    UplinkTooBig = "uplink_too_big",
+    /// The device is down or gone (ENETDOWN, ENXIO).
+    UplinkDown = "uplink_down",
+    /// Any other write error.
+    UplinkError = "uplink_error",
+}
+
+impl DropReason {
+    /// Finds a reason by its counter name.
+    pub fn from_name(name: &str) -> Option<DropReason> {
+        DropReason::ALL.iter().copied().find(|r| r.name() == name)
+    }
+}
+
+impl fmt::Display for DropReason {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_distinct_and_documented() {
+        let mut names: Vec<&str> = DropReason::ALL.iter().map(|r| r.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), DropReason::ALL.len());
+        for r in DropReason::ALL {
+            assert!(!r.meaning().is_empty(), "{r}");
+            assert_eq!(DropReason::from_name(r.name()), Some(*r));
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! Test support shared by unit tests, `tests/`, `benches/` and `fuzz/` (cargo feature
+//! `testkit`); never part of the release library.
+
+pub mod fuzz;
