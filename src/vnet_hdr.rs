@@ -180,6 +180,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn layout_is_the_virtio_one() {
+        assert_eq!((HDR_LEN, LEGACY_HDR_LEN), (12, 10));
+        assert_eq!(
+            (OFF_FLAGS, OFF_GSO_TYPE, OFF_HDR_LEN, OFF_GSO_SIZE),
+            (0, 1, 2, 4)
+        );
+        assert_eq!(
+            (OFF_CSUM_START, OFF_CSUM_OFFSET, OFF_NUM_BUFFERS),
+            (6, 8, 10)
+        );
+    }
+
+    #[test]
     fn round_trip() {
         let h = VirtioNetHdr {
             flags: F_NEEDS_CSUM,

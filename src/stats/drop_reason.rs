@@ -33,7 +33,7 @@ macro_rules! drop_reasons {
 }
 
 drop_reasons! {
-    // A guest's TX descriptor chain (ring::tx).
+    // Entry: a guest's TX descriptor chain, or a frame read from an uplink.
     /// A TX descriptor points outside guest memory.
     BadAddress = "bad_address",
     /// A TX chain holds a device-writable descriptor.
@@ -49,7 +49,7 @@ drop_reasons! {
     /// A TX chain ends at a descriptor that still points on (bad next index, loop, bad indirect table).
     BrokenChain = "broken_chain",
 
-    // A guest's TX header against its frame and what it negotiated (frame::validate).
+    // A guest's TX header against its frame and what it negotiated (frame::validate); bad_headers and unsegmentable also for GSO frames from an uplink.
     /// A GSO frame of a type the guest did not negotiate (HOST_TSO4/6, HOST_ECN, HOST_UFO, HOST_USO).
     GsoNotNegotiated = "gso_not_negotiated",
     /// NEEDS_CSUM from a guest that did not negotiate CSUM.
@@ -150,6 +150,16 @@ mod tests {
         for r in DropReason::ALL {
             assert!(!r.meaning().is_empty(), "{r}");
             assert_eq!(DropReason::from_name(r.name()), Some(*r));
+        }
+    }
+
+    #[test]
+    fn configuration_docs_list_every_reason_with_its_meaning() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+        let docs = std::fs::read_to_string(path).unwrap();
+        for r in DropReason::ALL {
+            let row = format!("| `{}` | {} |", r.name(), r.meaning());
+            assert!(docs.contains(&row), "docs/configuration.md lacks: {row}");
         }
     }
 }
