@@ -284,6 +284,8 @@ pub struct Negotiated {
     pub tx: Caps,
     pub mrg_rxbuf: bool,
     pub event_idx: bool,
+    /// Descriptor chains may point at indirect tables.
+    pub indirect_desc: bool,
     /// VERSION_1 or MRG_RXBUF: the header on the rings is 12 bytes, else 10.
     pub modern: bool,
 }
@@ -295,6 +297,7 @@ impl Negotiated {
             tx: Caps::guest_tx(acked),
             mrg_rxbuf: acked & MRG_RXBUF != 0,
             event_idx: acked & EVENT_IDX != 0,
+            indirect_desc: acked & INDIRECT_DESC != 0,
             modern: acked & (VERSION_1 | MRG_RXBUF) != 0,
         }
     }

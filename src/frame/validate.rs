@@ -51,6 +51,8 @@ pub enum InvalidHdr {
     },
     #[error("csum_start {start} below {min}")]
     CsumStartTooSmall { start: u16, min: usize },
+    #[error("csum_start {start} before the L4 header at {l4_off}")]
+    CsumInHeaders { start: u16, l4_off: usize },
     #[error("csum_start {start} is not the L4 header at {l4_off}")]
     CsumStartNotL4 { start: u16, l4_off: usize },
     #[error("headers of a GSO frame: {0}")]
@@ -91,6 +93,7 @@ impl From<InvalidHdr> for DropReason {
             InvalidHdr::CsumOutOfFrame { .. } => DropReason::CsumOutOfFrame,
             InvalidHdr::CsumStartTooSmall { .. } => DropReason::CsumStartTooSmall,
             InvalidHdr::CsumStartNotL4 { .. } => DropReason::CsumStartNotL4,
+            InvalidHdr::CsumInHeaders { .. } => DropReason::CsumInHeaders,
             InvalidHdr::BadHeaders(_) => DropReason::BadHeaders,
             InvalidHdr::L3Mismatch { .. } => DropReason::GsoL3Mismatch,
             InvalidHdr::L4Mismatch { .. } => DropReason::GsoL4Mismatch,
@@ -150,6 +153,17 @@ pub fn validate(hdr: &VirtioNetHdr, frame: &[&[u8]]) -> Result<Valid, InvalidHdr
         }
     }
     if kind == GsoKind::None {
+        if hdr.needs_csum() {
+            // The checksum is written where the header says: never into the MAC,
+            // VLAN or IP headers the switch classified the frame by.
+            let h = parse::parse_headers(frame).map_err(InvalidHdr::BadHeaders)?;
+            if usize::from(hdr.csum_start) < h.l4_off {
+                return Err(InvalidHdr::CsumInHeaders {
+                    start: hdr.csum_start,
+                    l4_off: h.l4_off,
+                });
+            }
+        }
         return Ok(Valid { layout: None });
     }
 

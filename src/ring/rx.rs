@@ -4,11 +4,19 @@
 //! whole frame fits, so a full queue costs the frame, never a half-written one.
 
 use thiserror::Error;
+use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::guest_mem::{self, GuestMem};
 use crate::stats::DropReason;
 use crate::vnet_hdr::VirtioNetHdr;
+
+/// Most RX chains one frame may take (MRG_RXBUF): a guest posting tiny buffers
+/// cannot make one frame cost more than this.
+pub const MAX_CHAINS_PER_FRAME: usize = 256;
+/// Most descriptors one frame may be written into (Linux's UIO_MAXIOV).
+pub const MAX_DESCS_PER_FRAME: usize = 1024;
 
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
 pub enum RxError {
@@ -20,6 +28,10 @@ pub enum RxError {
     ReadableDescriptor,
     #[error("RX descriptor points outside guest memory")]
     BadAddress,
+    #[error("malformed RX chain (indirect without INDIRECT_DESC, empty descriptor, longer than the queue)")]
+    BadChain,
+    #[error("frame would need more than {MAX_CHAINS_PER_FRAME} RX buffers or {MAX_DESCS_PER_FRAME} descriptors")]
+    TooFragmented,
 }
 
 impl From<RxError> for DropReason {
@@ -29,59 +41,106 @@ impl From<RxError> for DropReason {
             RxError::BufferTooSmall { .. } => DropReason::RxBufferTooSmall,
             RxError::ReadableDescriptor => DropReason::RxReadableDescriptor,
             RxError::BadAddress => DropReason::RxBadAddress,
+            RxError::BadChain => DropReason::RxBadChain,
+            RxError::TooFragmented => DropReason::RxTooFragmented,
         }
     }
 }
 
-/// Per-call scratch, kept by the caller so the hot path does not allocate.
+/// What the guest negotiated that shapes its RX queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RxFormat {
+    /// Bytes of virtio_net_hdr in front of every frame (12, or 10 for legacy guests).
+    pub hdr_len: usize,
+    /// MRG_RXBUF: a frame may span several chains.
+    pub mrg_rxbuf: bool,
+    /// INDIRECT_DESC: chains may point at indirect tables.
+    pub indirect: bool,
+}
+
+/// Per-call scratch, kept by the caller so the hot path does not allocate. Its size
+/// is bounded by `MAX_DESCS_PER_FRAME` and `MAX_CHAINS_PER_FRAME`.
 #[derive(Default)]
 pub struct RxScratch {
     descs: Vec<(u64, usize)>,
     chains: Vec<(u16, usize)>, // head, number of descriptors
+    written: Vec<usize>,
 }
 
-/// Writes `hdr` (its first `hdr_len` bytes, with `num_buffers` filled in) and `parts`
-/// into the queue. Returns how many chains were used.
+/// Whether the descriptor at the head of chain `head` points at an indirect table.
+fn head_is_indirect<Q: QueueT>(q: &Q, mem: &GuestMem, head: u16) -> bool {
+    let at = q.desc_table() + u64::from(head) * std::mem::size_of::<Descriptor>() as u64;
+    mem.read_obj::<Descriptor>(GuestAddress(at))
+        .map(|d| d.refers_to_indirect_table())
+        .unwrap_or(false)
+}
+
+/// Writes `hdr` (its first `fmt.hdr_len` bytes, with `num_buffers` filled in) and
+/// `parts` into the queue. Returns how many chains were used. The work is bounded
+/// whatever the guest posted: chains longer than the queue, indirect tables it did not
+/// negotiate and empty descriptors are malformed; a frame takes at most
+/// `MAX_CHAINS_PER_FRAME` chains and `MAX_DESCS_PER_FRAME` descriptors.
 pub fn write_frame<Q: QueueT + QueueOwnedT>(
     q: &mut Q,
     mem: &GuestMem,
     scratch: &mut RxScratch,
     hdr: &VirtioNetHdr,
-    hdr_len: usize,
+    fmt: RxFormat,
     parts: &[&[u8]],
-    mrg_rxbuf: bool,
 ) -> Result<usize, RxError> {
-    let need = hdr_len + parts.iter().map(|p| p.len()).sum::<usize>();
+    let need = fmt.hdr_len + parts.iter().map(|p| p.len()).sum::<usize>();
+    let max_chain = usize::from(q.size());
+    if !super::avail_in_range(q, mem) {
+        return Err(RxError::BadChain);
+    }
     scratch.descs.clear();
     scratch.chains.clear();
 
     // Claim chains until they can hold the frame.
     let mut have = 0usize;
     while have < need {
+        if scratch.chains.len() == MAX_CHAINS_PER_FRAME {
+            rewind(q, scratch.chains.len());
+            return Err(RxError::TooFragmented);
+        }
         let Some(chain) = q.pop_descriptor_chain(mem) else {
             rewind(q, scratch.chains.len());
             return Err(RxError::NoBuffers);
         };
         let head = chain.head_index();
         let start = scratch.descs.len();
-        let mut bad = false;
-        for d in chain {
-            if !d.is_write_only() {
-                bad = true;
-                break;
+        let mut bad = None;
+        if !fmt.indirect && head_is_indirect(q, mem, head) {
+            bad = Some(RxError::BadChain);
+        } else {
+            for (n, d) in chain.enumerate() {
+                if n == max_chain || d.len() == 0 {
+                    bad = Some(RxError::BadChain);
+                    break;
+                }
+                if !d.is_write_only() {
+                    bad = Some(RxError::ReadableDescriptor);
+                    break;
+                }
+                if scratch.descs.len() == MAX_DESCS_PER_FRAME {
+                    // A good chain, but one too many for this frame: leave it posted.
+                    scratch.descs.truncate(start);
+                    rewind(q, scratch.chains.len() + 1);
+                    return Err(RxError::TooFragmented);
+                }
+                scratch.descs.push((d.addr().0, d.len() as usize));
+                have += d.len() as usize;
             }
-            scratch.descs.push((d.addr().0, d.len() as usize));
-            have += d.len() as usize;
         }
-        if bad {
+        if let Some(e) = bad {
             // A malformed chain is returned unused; the frame is lost, the queue goes on.
             scratch.descs.truncate(start);
             let _ = q.add_used(mem, head, 0);
-            return_unused(q, mem, scratch);
-            return Err(RxError::ReadableDescriptor);
+            return_unused(q, mem, &scratch.chains);
+            return Err(e);
         }
         scratch.chains.push((head, scratch.descs.len() - start));
-        if !mrg_rxbuf && have < need {
+        if !fmt.mrg_rxbuf && have < need {
             rewind(q, 1);
             return Err(RxError::BufferTooSmall { have, need });
         }
@@ -90,23 +149,29 @@ pub fn write_frame<Q: QueueT + QueueOwnedT>(
     let mut out = *hdr;
     out.num_buffers = scratch.chains.len() as u16;
     let hdr_bytes = out.to_bytes();
-    let sources = std::iter::once(&hdr_bytes[..hdr_len]).chain(parts.iter().copied());
+    let sources = std::iter::once(&hdr_bytes[..fmt.hdr_len]).chain(parts.iter().copied());
 
     // Copy, descriptor by descriptor, remembering how much each chain received.
-    let mut written = vec![0usize; scratch.chains.len()];
-    let mut chain_of_desc = scratch
-        .chains
+    let RxScratch {
+        descs,
+        chains,
+        written,
+    } = scratch;
+    written.clear();
+    written.resize(chains.len(), 0);
+    let mut chain_of_desc = chains
         .iter()
         .enumerate()
         .flat_map(|(ci, &(_, n))| std::iter::repeat_n(ci, n));
-    let mut descs = scratch.descs.iter();
+    let mut descs_iter = descs.iter();
     let mut cur: Option<(u64, usize, usize)> = None; // addr, room left, chain index
     for mut src in sources {
         while !src.is_empty() {
             let (addr, room, ci) = match cur {
                 Some(c) if c.1 > 0 => c,
                 _ => {
-                    let (Some(&(a, l)), Some(ci)) = (descs.next(), chain_of_desc.next()) else {
+                    let (Some(&(a, l)), Some(ci)) = (descs_iter.next(), chain_of_desc.next())
+                    else {
                         unreachable!("capacity was checked above");
                     };
                     (a, l, ci)
@@ -114,7 +179,7 @@ pub fn write_frame<Q: QueueT + QueueOwnedT>(
             };
             let n = room.min(src.len());
             if guest_mem::write(mem, addr, &src[..n]).is_err() {
-                return_unused(q, mem, scratch);
+                return_unused(q, mem, chains);
                 return Err(RxError::BadAddress);
             }
             written[ci] += n;
@@ -122,11 +187,11 @@ pub fn write_frame<Q: QueueT + QueueOwnedT>(
             cur = Some((addr + n as u64, room - n, ci));
         }
     }
-    for (i, &(head, _)) in scratch.chains.iter().enumerate() {
-        // A chain claimed but not needed (zero-length descriptors) is returned empty.
+    for (i, &(head, _)) in chains.iter().enumerate() {
+        // A chain claimed but not needed is returned empty.
         let _ = q.add_used(mem, head, written[i] as u32);
     }
-    Ok(scratch.chains.len())
+    Ok(chains.len())
 }
 
 fn rewind<Q: QueueOwnedT>(q: &mut Q, n: usize) {
@@ -136,8 +201,8 @@ fn rewind<Q: QueueOwnedT>(q: &mut Q, n: usize) {
 }
 
 /// Hands back claimed chains with nothing written.
-fn return_unused<Q: QueueT>(q: &mut Q, mem: &GuestMem, scratch: &RxScratch) {
-    for &(head, _) in &scratch.chains {
+fn return_unused<Q: QueueT>(q: &mut Q, mem: &GuestMem, chains: &[(u16, usize)]) {
+    for &(head, _) in chains {
         let _ = q.add_used(mem, head, 0);
     }
 }
@@ -184,14 +249,18 @@ mod tests {
 
     /// Writes `parts` behind a default header, as a 12-byte-header guest sees them.
     fn put(q: &mut Queue, m: &GuestMem, parts: &[&[u8]], mrg: bool) -> Result<usize, RxError> {
+        let fmt = RxFormat {
+            hdr_len: 12,
+            mrg_rxbuf: mrg,
+            indirect: true,
+        };
         write_frame(
             q,
             m,
             &mut RxScratch::default(),
             &VirtioNetHdr::default(),
-            12,
+            fmt,
             parts,
-            mrg,
         )
     }
 
@@ -281,5 +350,107 @@ mod tests {
         );
         assert_eq!(mock.used().idx().load(), 1);
         assert_eq!(used(&mock, 0), (0, 0));
+    }
+
+    /// Posts one chain: a descriptor pointing at an indirect table of `n` writable
+    /// descriptors of `len` bytes each.
+    fn post_indirect(m: &GuestMem, mock: &MockSplitQueue<GuestMem>, n: u16, len: u32) {
+        use virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT;
+        let table = 0x80000u64;
+        for i in 0..n {
+            let flags = if i + 1 < n { W | N } else { W };
+            let d = Descriptor::new(0x10000 + u64::from(i % 16) * 0x100, len, flags, i + 1);
+            m.write_obj(
+                RawDescriptor::from(d),
+                GuestAddress(table + 16 * u64::from(i)),
+            )
+            .unwrap();
+        }
+        let ind = Descriptor::new(table, 16 * u32::from(n), VRING_DESC_F_INDIRECT as u16, 0);
+        mock.build_desc_chain(&[RawDescriptor::from(ind)]).unwrap();
+    }
+
+    fn fmt(indirect: bool) -> RxFormat {
+        RxFormat {
+            hdr_len: 12,
+            mrg_rxbuf: true,
+            indirect,
+        }
+    }
+
+    #[test]
+    fn hostile_chains_cost_bounded_work_and_are_consumed() {
+        let m = mem();
+        let data = payload(100);
+        // Indirect tables the guest did not negotiate; empty descriptors (indirect
+        // negotiated); more descriptors than the queue has entries.
+        for (indirect, n, len) in [(false, 4000u16, 0u32), (true, 4000, 0), (true, 100, 1)] {
+            let mock = MockSplitQueue::new(&m, 16);
+            post_indirect(&m, &mock, n, len);
+            let mut q: Queue = mock.create_queue().unwrap();
+            let mut scratch = RxScratch::default();
+            let r = write_frame(
+                &mut q,
+                &m,
+                &mut scratch,
+                &VirtioNetHdr::default(),
+                fmt(indirect),
+                &[&data],
+            );
+            assert_eq!(r, Err(RxError::BadChain), "{indirect} {n} {len}");
+            // The chain was consumed (returned used, empty): the ring goes on.
+            assert_eq!(mock.used().idx().load(), 1);
+            assert_eq!(used(&mock, 0), (0, 0));
+            assert!(scratch.descs.capacity() <= MAX_DESCS_PER_FRAME);
+        }
+    }
+
+    #[test]
+    fn a_well_formed_indirect_chain_is_written() {
+        let m = mem();
+        let mock = MockSplitQueue::new(&m, 16);
+        post_indirect(&m, &mock, 4, 64);
+        let mut q: Queue = mock.create_queue().unwrap();
+        let r = write_frame(
+            &mut q,
+            &m,
+            &mut RxScratch::default(),
+            &VirtioNetHdr::default(),
+            fmt(true),
+            &[&payload(100)],
+        );
+        assert_eq!(r, Ok(1));
+        assert_eq!(used(&mock, 0), (0, 112));
+    }
+
+    #[test]
+    fn tiny_buffers_cannot_make_one_frame_cost_more_than_the_cap() {
+        let m = mem();
+        let mock = MockSplitQueue::new(&m, 1024);
+        post(&mock, 400, 1, 16);
+        let mut q: Queue = mock.create_queue().unwrap();
+        let mut scratch = RxScratch::default();
+        let r = write_frame(
+            &mut q,
+            &m,
+            &mut scratch,
+            &VirtioNetHdr::default(),
+            fmt(false),
+            &[&payload(6000)],
+        );
+        assert_eq!(r, Err(RxError::TooFragmented));
+        // Nothing claimed: the buffers stay posted for frames that fit.
+        assert_eq!(q.next_avail(), 0);
+        assert_eq!(mock.used().idx().load(), 0);
+        assert!(scratch.chains.capacity() <= 2 * MAX_CHAINS_PER_FRAME);
+        let r = write_frame(
+            &mut q,
+            &m,
+            &mut scratch,
+            &VirtioNetHdr::default(),
+            fmt(false),
+            &[&payload(200)],
+        );
+        assert_eq!(r, Ok(14));
     }
 }

@@ -48,6 +48,8 @@ drop_reasons! {
     TooManyDescriptors = "too_many_descriptors",
     /// A TX chain ends at a descriptor that still points on (bad next index, loop, bad indirect table).
     BrokenChain = "broken_chain",
+    /// A kick on a TX queue whose avail index is more than a queue ahead: the queue is left alone until it makes sense again.
+    TxRingBroken = "tx_ring_broken",
 
     // A guest's TX header against its frame and what it negotiated (frame::validate); bad_headers and unsegmentable also for GSO frames from an uplink.
     /// A GSO frame of a type the guest did not negotiate (HOST_TSO4/6, HOST_ECN, HOST_UFO, HOST_USO).
@@ -64,7 +66,9 @@ drop_reasons! {
     CsumStartTooSmall = "csum_start_too_small",
     /// csum_start of a GSO frame is not where its L4 header is.
     CsumStartNotL4 = "csum_start_not_l4",
-    /// The Ethernet/IP/TCP/UDP headers of a GSO frame cannot be parsed.
+    /// NEEDS_CSUM on a plain frame whose checksum would land before its L4 header (in the MAC, VLAN or IP headers).
+    CsumInHeaders = "csum_in_headers",
+    /// The Ethernet/IP/TCP/UDP headers of a GSO frame, or of a frame with NEEDS_CSUM, cannot be parsed.
     BadHeaders = "bad_headers",
     /// A TCPv4/TCPv6 GSO type on a frame of the other IP version.
     GsoL3Mismatch = "gso_l3_mismatch",
@@ -108,6 +112,10 @@ drop_reasons! {
     RxReadableDescriptor = "rx_readable_descriptor",
     /// An RX descriptor points outside guest memory.
     RxBadAddress = "rx_bad_address",
+    /// A malformed RX chain (an indirect table without INDIRECT_DESC, an empty descriptor, more descriptors than the queue has entries), an avail index more than a queue ahead, or a queue already found broken.
+    RxBadChain = "rx_bad_chain",
+    /// The frame would need more than 256 RX buffers or 1024 descriptors.
+    RxTooFragmented = "rx_too_fragmented",
 
     // Uplink devices.
     /// Reading from the uplink device failed.

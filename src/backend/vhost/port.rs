@@ -15,7 +15,7 @@ use crate::backend::switch::SwitchPort;
 use crate::config::PortConfig;
 use crate::features::{self, Caps, FeatureMask, Negotiated};
 use crate::l2::Vid;
-use crate::ring::rx::{self, RxError, RxScratch};
+use crate::ring::rx::{self, RxError, RxFormat, RxScratch};
 use crate::ring::GuestMem;
 use crate::stats::{Counters, DropReason};
 use crate::vnet_hdr::VirtioNetHdr;
@@ -29,6 +29,8 @@ pub type Vring = VringRwLock<Mem>;
 struct RxSlot {
     vring: Option<Vring>,
     scratch: RxScratch,
+    /// The guest posted malformed buffers on this queue (until the next connection).
+    broken: bool,
 }
 
 /// State shared by the port's workers, the switch, and the uplink readers.
@@ -113,6 +115,7 @@ impl Port {
             for slot in &self.rx {
                 if let Ok(mut s) = slot.lock() {
                     s.vring = None;
+                    s.broken = false;
                 }
             }
         }
@@ -168,7 +171,14 @@ impl Port {
         };
         let pair = pair % self.rx.len();
         let mut slot = self.rx[pair].lock().unwrap_or_else(|e| e.into_inner());
-        let RxSlot { vring, scratch } = &mut *slot;
+        let RxSlot {
+            vring,
+            scratch,
+            broken,
+        } = &mut *slot;
+        if *broken {
+            return Err(RxError::BadChain);
+        }
         let Some(vring) = vring else {
             return Err(RxError::NoBuffers);
         };
@@ -176,15 +186,17 @@ impl Port {
         if !state.get_queue().ready() || !state.is_enabled() {
             return Err(RxError::NoBuffers);
         }
-        let r = rx::write_frame(
-            state.get_queue_mut(),
-            &mem,
-            scratch,
-            hdr,
-            neg.hdr_len(),
-            parts,
-            neg.mrg_rxbuf,
-        );
+        let fmt = RxFormat {
+            hdr_len: neg.hdr_len(),
+            mrg_rxbuf: neg.mrg_rxbuf,
+            indirect: neg.indirect_desc,
+        };
+        let r = rx::write_frame(state.get_queue_mut(), &mem, scratch, hdr, fmt, parts);
+        if matches!(r, Err(RxError::BadChain | RxError::ReadableDescriptor)) {
+            // A guest that posts malformed buffers is not written to again until its
+            // device is set up anew: every later frame costs O(1).
+            *broken = true;
+        }
         if r == Err(RxError::NoBuffers) && neg.event_idx {
             // Ask the guest to kick when it adds buffers (avail_event = next_avail).
             let _ = state.enable_notification();
@@ -225,6 +237,10 @@ impl Destination for Port {
     }
 
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
+        // A guest that has not read its queue for a while costs O(1) until it kicks.
+        if self.stall.stalled() {
+            return Err(DropReason::RxQueueStalled);
+        }
         match self.receive(queue, hdr, parts) {
             Ok(()) => Ok(()),
             // Not worth waiting for: the guest has not read its queue for a while.

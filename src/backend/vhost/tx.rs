@@ -10,6 +10,7 @@ use super::port::{Port, Vring};
 use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::{Endpoint, Switch};
 use crate::frame::validate::tx_frame;
+use crate::ring::avail_in_range;
 use crate::ring::tx::{self, TxError};
 use crate::stats::DropReason;
 
@@ -41,6 +42,11 @@ pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxW
     let TxWorker { buf, ctx } = w;
     loop {
         let _ = txq.disable_notification();
+        if !avail_in_range(txq.get_ref().get_queue(), &mem) {
+            // Counted once per kick; the queue is not touched until it makes sense.
+            port.stats.drop(DropReason::TxRingBroken);
+            break;
+        }
         let mut done = 0;
         while done < TX_BATCH {
             let (chain, qsize) = {
