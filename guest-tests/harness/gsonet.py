@@ -75,7 +75,8 @@ class Gsonet:
         deadline = time.monotonic() + timeout
         while not (all(w.exists() for w in waits) and all(link_exists(t) for t in taps)):
             if self.proc.poll() is not None:
-                raise HarnessError(f"gsonet exited rc={self.proc.returncode}:\n{self.log()[-2000:]}")
+                raise HarnessError(f"gsonet exited rc={self.proc.returncode}:\n"
+                                   f"{self.log()[-2000:]}")
             if time.monotonic() > deadline:
                 raise HarnessError(f"gsonet not ready after {timeout}s:\n{self.log()[-2000:]}")
             time.sleep(0.05)
@@ -109,7 +110,8 @@ class Gsonet:
         """`gsonet ctl TARGET KEY=VALUE...`; raises on a refusal."""
         p = self._cli("ctl", target, *settings)
         if p.returncode != 0:
-            raise HarnessError(f"gsonet ctl {target} {settings} failed rc={p.returncode}: {p.stderr}")
+            raise HarnessError(f"gsonet ctl {target} {settings} failed rc={p.returncode}: "
+                               f"{p.stderr}")
         return json.loads(p.stdout)
 
     def port_stats(self, i: int = 0) -> dict:
