@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from .hostnet import link_exists
-from .paths import GSONET_BIN, log_path
+from .paths import GSONET_BIN, open_log
 from .process import HarnessError, stop
 
 
@@ -58,11 +58,9 @@ class Gsonet:
         if not os.access(self.binary, os.X_OK):
             raise HarnessError(f"gsonet binary {self.binary} missing (cargo build --release)")
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_path(self.name, ".gsonet.log", self.log_dir)
-        self._log = open(self.log_path, "w")
         cmd = self.cmdline()
-        self._log.write(" ".join(cmd) + "\n")
-        self._log.flush()
+        self._log = open_log(self.name, ".gsonet.log", self.log_dir, " ".join(cmd))
+        self.log_path = Path(self._log.name)
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "gsonet=info")
         env["NO_COLOR"] = "1"

@@ -9,7 +9,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .paths import log_path
+from .paths import open_log
 from .process import HarnessError, Output, WaitTimeout, stop
 from .qemu import Machine, onoff
 
@@ -42,12 +42,8 @@ class Guest:
             raise HarnessError(f"guest image missing ({m.kernel}); run scripts/setup.sh "
                                "or guest-tests/image/build.sh")
         cmd = self.cmdline()
-        console_log = open(log_path(self.name, ".console.log", self.log_dir), "w",
-                           encoding="utf-8", errors="replace")
-        qemu_log = open(log_path(self.name, ".qemu.log", self.log_dir), "w",
-                        encoding="utf-8", errors="replace")
-        qemu_log.write(" ".join(cmd) + "\n")
-        qemu_log.flush()
+        console_log = open_log(self.name, ".console.log", self.log_dir)
+        qemu_log = open_log(self.name, ".qemu.log", self.log_dir, " ".join(cmd))
         self._started_at = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, bufsize=0, start_new_session=True)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import IO
 
 GUEST_TESTS = Path(__file__).resolve().parent.parent
 REPO = GUEST_TESTS.parent
@@ -27,8 +28,15 @@ def build_image() -> None:
     subprocess.run([str(GUEST_TESTS / "image" / "build.sh")], check=True)
 
 
-def log_path(name: str, suffix: str, log_dir: Path | str | None = None) -> Path:
-    """A new log file name: LOG_DIR/<timestamp>-<name>-<pid><suffix>."""
+def open_log(name: str, suffix: str, log_dir: Path | str | None = None,
+             first_line: str | None = None) -> IO[str]:
+    """A new log file LOG_DIR/<timestamp>-<name>-<pid><suffix>, open for writing,
+    starting with ``first_line`` (a command line) if given."""
     folder = Path(log_dir or LOG_DIR)
     folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{os.getpid()}{suffix}"
+    path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{os.getpid()}{suffix}"
+    log = open(path, "w", encoding="utf-8", errors="replace")
+    if first_line is not None:
+        log.write(first_line + "\n")
+        log.flush()
+    return log

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from .hostnet import unique_name
-from .paths import TESTPMD, log_path
+from .paths import TESTPMD, open_log
 from .process import HarnessError, Output
 
 PROMPT = "testpmd> "
@@ -51,10 +51,7 @@ class TestPmd:
     def start(self, timeout: float = 60.0) -> "TestPmd":
         """Starts testpmd and waits for its first prompt; raises on a port or EAL error."""
         cmd = self.cmdline()
-        log = open(log_path(f"testpmd-{self.name}", ".log", self.log_dir), "w",
-                   encoding="utf-8", errors="replace")
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
+        log = open_log(f"testpmd-{self.name}", ".log", self.log_dir, " ".join(cmd))
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, bufsize=0,
                                      start_new_session=True)
