@@ -62,11 +62,12 @@ class Output:
             return self._buf
 
     def wait_for(self, pattern: str | re.Pattern, start: int = 0, timeout: float = 60.0,
-                 context: Callable[[], str] = str) -> re.Match:
+                 context: Callable[[], str] | None = None) -> re.Match:
         """The first match of ``pattern`` (a string is compiled with re.S) at or after
         ``start``. Raises HarnessError when the child exits without it, WaitTimeout
         after ``timeout`` seconds; ``context()`` is added to either message."""
         rx = re.compile(pattern, re.S) if isinstance(pattern, str) else pattern
+        more = context or (lambda: "")
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
@@ -79,12 +80,12 @@ class Output:
                     m = rx.search(self._buf, start)
                     if m:
                         return m
-                    raise HarnessError(f"{self.name} exited rc={self.proc.returncode}{context()}"
+                    raise HarnessError(f"{self.name} exited rc={self.proc.returncode}{more()}"
                                        f"\noutput tail:\n{self._buf[-3000:]}")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise WaitTimeout(f"{self.name}: no {rx.pattern!r} after {timeout}s"
-                                      f"{context()}\noutput tail:\n{self._buf[-2000:]}")
+                                      f"{more()}\noutput tail:\n{self._buf[-2000:]}")
                 self._cond.wait(min(left, 0.5))
 
     def close(self) -> None:
