@@ -19,7 +19,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import guest as G  # noqa: E402
+from harness import paths  # noqa: E402
+from harness.guest import Guest  # noqa: E402
+from harness.hostnet import alloc_subnet, create_tap, delete_link, tun_available  # noqa: E402
+from harness.qemu import tap_netdev  # noqa: E402
 
 MEASUREMENTS: dict = {}
 
@@ -53,7 +56,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.section("guest measurements")
     for k, v in MEASUREMENTS.items():
         terminalreporter.write_line(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
-    out = G.REPO / "results"
+    out = paths.REPO / "results"
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / "guest-measurements.json").write_text(json.dumps(MEASUREMENTS, indent=2) + "\n")
@@ -64,10 +67,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def _skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "guest tests need root (taps, QEMU networking)"
-    if not G.tun_available():
+    if not tun_available():
         return "/dev/net/tun is missing"
-    if shutil.which(G.QEMU) is None:
-        return f"{G.QEMU} not installed (run scripts/setup.sh)"
+    if shutil.which(paths.QEMU) is None:
+        return f"{paths.QEMU} not installed (run scripts/setup.sh)"
     if shutil.which("iperf3") is None:
         return "iperf3 not installed (run scripts/setup.sh)"
     return None
@@ -79,9 +82,8 @@ def guest_env():
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    if not G.image_ready() or os.environ.get("GSONET_SKIP_IMAGE_BUILD") != "1":
-        G.build_image()
-    return G
+    if not paths.image_ready() or os.environ.get("GSONET_SKIP_IMAGE_BUILD") != "1":
+        paths.build_image()
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +91,15 @@ def tap_guest(guest_env):
     """A guest on QEMU's built-in virtio-net + a host tap with 10.77.N.1/24 and
     fd00:77:N::1/64; the guest has .2. Yields a namespace with guest, tap,
     host_ip, guest_ip, host_ip6, guest_ip6, boot_seconds."""
-    n = G.alloc_subnet()
+    n = alloc_subnet()
     tap = f"gsnbt{os.getpid() % 100000}"
     ns = SimpleNamespace(
         tap=tap,
         host_ip=f"10.77.{n}.1", guest_ip=f"10.77.{n}.2",
         host_ip6=f"fd00:77:{n}::1", guest_ip6=f"fd00:77:{n}::2",
     )
-    G.create_tap(tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
-    g = G.Guest("baseline", G.Guest.tap(tap), ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
+    create_tap(tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
+    g = Guest("baseline", tap_netdev(tap), ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
     try:
         g.start()
         ns.boot_seconds = g.wait_booted()
@@ -105,4 +107,4 @@ def tap_guest(guest_env):
         yield ns
     finally:
         g.shutdown()
-        G.delete_link(tap)
+        delete_link(tap)

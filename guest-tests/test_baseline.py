@@ -9,7 +9,8 @@ import socket
 
 import pytest
 
-import guest as G
+from harness.iperf import iperf3_guest_server, iperf3_host_client
+from harness.transfer import transfer_guest_to_host, transfer_host_to_guest
 
 
 def test_boots_612_kernel(tap_guest, record_measurement):
@@ -50,8 +51,8 @@ def test_udp_gso_tool(tap_guest):
 @pytest.mark.slow
 def test_iperf3_guest_to_host(tap_guest, record_measurement):
     g = tap_guest.guest
-    g.start_iperf3_server()
-    gbps = G.iperf3_host_client(tap_guest.guest_ip, seconds=3, reverse=True)
+    iperf3_guest_server(g)
+    gbps = iperf3_host_client(tap_guest.guest_ip, seconds=3, reverse=True)
     record_measurement("qemu_tap.guest_to_host_gbps", gbps)
     assert gbps > 0.05
 
@@ -59,19 +60,19 @@ def test_iperf3_guest_to_host(tap_guest, record_measurement):
 @pytest.mark.slow
 def test_iperf3_host_to_guest(tap_guest, record_measurement):
     g = tap_guest.guest
-    g.start_iperf3_server()
-    gbps = G.iperf3_host_client(tap_guest.guest_ip, seconds=3, reverse=False)
+    iperf3_guest_server(g)
+    gbps = iperf3_host_client(tap_guest.guest_ip, seconds=3, reverse=False)
     record_measurement("qemu_tap.host_to_guest_gbps", gbps)
     assert gbps > 0.05
 
 
 @pytest.mark.slow
 def test_transfer_guest_to_host_32mib(tap_guest):
-    r = G.transfer_guest_to_host(tap_guest.guest, tap_guest.host_ip, mib=32)
+    r = transfer_guest_to_host(tap_guest.guest, tap_guest.host_ip, mib=32)
     assert r["ok"], r
 
 
 @pytest.mark.slow
 def test_transfer_host_to_guest_32mib(tap_guest):
-    r = G.transfer_host_to_guest(tap_guest.guest, tap_guest.host_ip, mib=32)
+    r = transfer_host_to_guest(tap_guest.guest, tap_guest.host_ip, mib=32)
     assert r["ok"], r

@@ -26,194 +26,31 @@ import shutil
 import signal
 import socket
 import struct
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-import guest as G
+from harness.gsonet import Gsonet, counters_delta
+from harness.hostnet import alloc_subnet, set_addr, tun_available, unique_name
+from harness.paths import TESTPMD
+from harness.testpmd import TestPmd
 
-TESTPMD = os.environ.get("GSONET_TESTPMD", "dpdk-testpmd")
-PROMPT = "testpmd> "
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
 SOL_PACKET = 263
 PACKET_VNET_HDR = 15
 
-_seq = 0
 
-
-def _uniq(tag: str) -> str:
-    global _seq
-    _seq += 1
-    return f"gsn{tag}{os.getpid() % 100000}x{_seq}"
-
-
-class PmdError(Exception):
-    pass
-
-
-class TestPmd:
-    """One ``dpdk-testpmd`` with a single net_virtio_user port on a gsonet socket,
-    in interactive mode (its stdin stays open; ``quit`` ends it).
-
-        with TestPmd("a", sock, "txonly", mac="02:00:00:00:0a:01") as tp:
-            tp.port_stats()   # {"rx_packets": .., "tx_packets": .., ...}
-    """
-
-    __test__ = False  # not a pytest class
-
-    def __init__(self, name: str, sock: str | os.PathLike, fwd: str, *,
-                 mac: str | None = None, args: list[str] | None = None,
-                 vdev_args: str = "", log_dir: Path | str | None = None):
-        self.name = name
-        self.sock = os.fspath(sock)
-        self.fwd = fwd
-        self.mac = mac
-        self.args = list(args or [])
-        self.vdev_args = vdev_args
-        self.prefix = _uniq("tp" + name)
-        self.log_dir = Path(log_dir or G.LOG_DIR)
-        self.proc: subprocess.Popen | None = None
-        self._buf = ""
-        self._cond = threading.Condition()
-        self._log = None
-        self.log_path: Path | None = None
-
-    def cmdline(self) -> list[str]:
-        vdev = f"net_virtio_user0,path={self.sock},queues=1"
-        if self.mac:
-            vdev += f",mac={self.mac}"
-        if self.vdev_args:
-            vdev += "," + self.vdev_args
-        return ["stdbuf", "-oL", TESTPMD, "--no-huge", "-m", "1024", "--no-pci",
-                "-l", "0-1", "--file-prefix", self.prefix, "--log-level", "*:notice",
-                "--vdev", vdev, "--", "-i", f"--forward-mode={self.fwd}",
-                "--auto-start"] + self.args
-
-    def start(self, timeout: float = 30.0) -> "TestPmd":
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.log_path = self.log_dir / f"{stamp}-testpmd-{self.name}-{os.getpid()}.log"
-        self._log = open(self.log_path, "w", encoding="utf-8", errors="replace")
-        cmd = self.cmdline()
-        self._log.write(" ".join(cmd) + "\n")
-        self._log.flush()
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, bufsize=0,
-                                     start_new_session=True)
-        threading.Thread(target=self._read, daemon=True).start()
-        try:
-            self.wait_for(re.escape(PROMPT), 0, timeout)
-            with self._cond:
-                out = self._buf
-            for bad in ("Fail to configure port", "Start ports failed", "Failed to",
-                        "EAL: Error", "Cannot"):
-                if bad in out:
-                    raise PmdError(f"testpmd {self.name}: {bad!r}:\n{out[-3000:]}")
-        except Exception:
-            self.kill()
-            raise
-        return self
-
-    def _read(self) -> None:
-        assert self.proc and self.proc.stdout
-        G.pump_output(self.proc.stdout.fileno(), self)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def output(self) -> str:
-        with self._cond:
-            return self._buf
-
-    def wait_for(self, pattern: str, start: int, timeout: float) -> re.Match:
-        rx = re.compile(pattern, re.S)
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                m = rx.search(self._buf, start)
-                if m:
-                    return m
-                if not self.alive():
-                    self._cond.wait(0.2)
-                    m = rx.search(self._buf, start)
-                    if m:
-                        return m
-                    raise PmdError(f"testpmd {self.name} exited rc={self.proc.returncode}:"
-                                       f"\n{self._buf[-3000:]}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PmdError(f"testpmd {self.name}: no {pattern!r} after {timeout}s:"
-                                       f"\n{self._buf[-3000:]}")
-                self._cond.wait(min(left, 0.5))
-
-    def cmd(self, line: str, timeout: float = 15.0) -> str:
-        """Run one prompt command; returns its output (up to the next prompt)."""
-        with self._cond:
-            start = len(self._buf)
-        assert self.proc and self.proc.stdin
-        self.proc.stdin.write(line.encode() + b"\n")
-        self.proc.stdin.flush()
-        m = self.wait_for(re.escape(PROMPT), start + 1, timeout)
-        with self._cond:
-            return self._buf[start:m.start()]
-
-    def port_stats(self) -> dict:
-        out = self.cmd("show port stats 0")
-        m = re.search(r"RX-packets:\s*(\d+)\s+RX-missed:\s*(\d+)\s+RX-bytes:\s*(\d+).*?"
-                      r"TX-packets:\s*(\d+)\s+TX-errors:\s*(\d+)\s+TX-bytes:\s*(\d+)", out, re.S)
-        if not m:
-            raise PmdError(f"testpmd {self.name}: cannot parse port stats:\n{out}")
-        keys = ("rx_packets", "rx_missed", "rx_bytes", "tx_packets", "tx_errors", "tx_bytes")
-        return dict(zip(keys, map(int, m.groups())))
-
-    def mac_addr(self) -> str:
-        out = self.cmd("show port info 0")
-        m = re.search(r"MAC address:\s*([0-9A-Fa-f:]{17})", out)
-        if not m:
-            raise PmdError(f"testpmd {self.name}: no MAC in port info:\n{out}")
-        return m.group(1).lower()
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """``stop`` + ``quit``; forcibly ends testpmd if it does not leave in time."""
-        if self.alive():
-            try:
-                self.cmd("stop", timeout=timeout)
-                assert self.proc and self.proc.stdin
-                self.proc.stdin.write(b"quit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=timeout)
-            except (PmdError, OSError, subprocess.TimeoutExpired):
-                pass
-        self.kill()
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Ends testpmd at once (no vhost-user teardown), cleans its runtime dir."""
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        if self._log:
-            self._log.close()
-            self._log = None
-        shutil.rmtree(f"/var/run/dpdk/{self.prefix}", ignore_errors=True)
-
-    def __enter__(self) -> "TestPmd":
-        if self.proc is None:
-            self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+def _virtio_user(name: str, sock, fwd: str, *, mac: str | None = None,
+                 args: list[str] | None = None) -> TestPmd:
+    """testpmd with one net_virtio_user port on a gsonet socket, forwarding ``fwd``
+    (txonly, rxonly) from the start."""
+    vdev = f"net_virtio_user0,path={os.fspath(sock)},queues=1"
+    if mac:
+        vdev += f",mac={mac}"
+    return TestPmd(name, [vdev], [f"--forward-mode={fwd}", "--auto-start", *(args or [])])
 
 
 # ---- helpers ---------------------------------------------------------------------
@@ -222,7 +59,7 @@ class TestPmd:
 def _skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "DPDK frontend tests need root (taps, vhost-user sockets)"
-    if not G.tun_available():
+    if not tun_available():
         return "/dev/net/tun is missing"
     if shutil.which(TESTPMD) is None:
         return f"{TESTPMD} not installed (scripts/setup.sh installs the dpdk package)"
@@ -238,26 +75,12 @@ def dpdk_env():
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    return G
 
 
 def _quiet_tap(tap: str) -> None:
     """No IPv6 on the tap: no router solicitations or MLD reports mixed into the
     counts."""
     Path(f"/proc/sys/net/ipv6/conf/{tap}/disable_ipv6").write_text("1\n")
-
-
-def _wait_port(gs: G.Gsonet, i: int, want: bool, timeout: float = 20) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        p = gs.port_stats(i)
-        # connected and negotiated (DPDK renegotiates when its port is configured)
-        if p["connected"] == want and (not want or p["guest_rx"] is not None):
-            return p
-        if time.monotonic() > deadline:
-            raise AssertionError(f"port {i} connected={p['connected']}, wanted {want}:\n"
-                                 f"{gs.stats_text()}\n{gs.log()[-2000:]}")
-        time.sleep(0.1)
 
 
 def _caps_str(p: dict) -> str:
@@ -327,7 +150,7 @@ def _tap_tx_dropped(tap: str) -> int:
 
 
 def _net():
-    n = G.alloc_subnet()
+    n = alloc_subnet()
     return f"10.77.{n}.1", f"10.77.{n}.2"
 
 
@@ -343,14 +166,14 @@ def test_txonly_to_tap(dpdk_env, tmp_path, record_measurement):
     from scapy.all import IP, UDP, Ether, raw
 
     host_ip, peer_ip = _net()
-    tap, sock = _uniq("fe"), tmp_path / "a.sock"
+    tap, sock = unique_name("fe"), tmp_path / "a.sock"
     dport = 40000 + os.getpid() % 20000
     a_mac = "02:00:00:fe:0a:01"
-    with G.Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=tmp_path,
-                  name="gsonet-dpdk-tx") as gs:
+    with Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=tmp_path,
+                name="gsonet-dpdk-tx") as gs:
         try:
             _quiet_tap(tap)
-            G.set_addr(tap, f"{host_ip}/24")
+            set_addr(tap, f"{host_ip}/24")
             tap_mac = Path(f"/sys/class/net/{tap}/address").read_text().strip()
             udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
@@ -358,11 +181,11 @@ def test_txonly_to_tap(dpdk_env, tmp_path, record_measurement):
             udp.setblocking(False)
             cap = Capture(tap, a_mac)
             before = gs.stats()
-            tp = TestPmd("tx", sock, "txonly", mac=a_mac,
-                         args=[f"--eth-peer=0,{tap_mac}", f"--tx-ip={peer_ip},{host_ip}",
-                               f"--tx-udp=9,{dport}"])
+            tp = _virtio_user("tx", sock, "txonly", mac=a_mac,
+                              args=[f"--eth-peer=0,{tap_mac}", f"--tx-ip={peer_ip},{host_ip}",
+                                    f"--tx-udp=9,{dport}"])
             with tp:
-                p = _wait_port(gs, 0, True)
+                p = gs.wait_port(0, True)
                 record_measurement("dpdk.acked.default", _caps_str(p))
                 t0 = time.monotonic()
                 s0 = gs.stats()
@@ -390,8 +213,8 @@ def test_txonly_to_tap(dpdk_env, tmp_path, record_measurement):
         except BaseException:
             print(gs.log()[-3000:])
             raise
-    port = G.counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
-    up = G.counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
+    port = counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
+    up = counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
     pps = (s1["ports"][0]["stats"]["tx_frames"] - s0["ports"][0]["stats"]["tx_frames"]) / secs
     record_measurement("dpdk.txonly_to_tap.kpps", pps / 1000)
     record_measurement("dpdk.txonly_to_tap.frames", port["tx_frames"])
@@ -432,15 +255,15 @@ def test_tap_to_rxonly(dpdk_env, tmp_path, record_measurement):
     dropped by the tap's own queue); testpmd's verbose dump shows our MACs,
     EtherType and length. The destination MAC is unknown to gsonet (rxonly never
     sends), so this is the flood path."""
-    tap, sock = _uniq("fe"), tmp_path / "b.sock"
+    tap, sock = unique_name("fe"), tmp_path / "b.sock"
     b_mac = "02:00:00:fe:0b:01"
     src_mac = "02:00:00:fe:0b:99"
     n_frames = 2000
-    with G.Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=tmp_path,
-                  name="gsonet-dpdk-rx") as gs:
+    with Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=tmp_path,
+                name="gsonet-dpdk-rx") as gs:
         _quiet_tap(tap)
-        with TestPmd("rx", sock, "rxonly", mac=b_mac) as tp:
-            _wait_port(gs, 0, True)
+        with _virtio_user("rx", sock, "rxonly", mac=b_mac) as tp:
+            gs.wait_port(0, True)
             assert tp.mac_addr() == b_mac
             before, tp0 = gs.stats(), tp.port_stats()
             tap_drops0 = _tap_tx_dropped(tap)
@@ -466,8 +289,8 @@ def test_tap_to_rxonly(dpdk_env, tmp_path, record_measurement):
                 return (u + td >= n_frames + 5 and ts["rx_packets"] - tp0["rx_packets"] == n,
                         (st, ts, td))
             after, tp1, tap_drops = _settle(all_in)
-    port = G.counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
-    up = G.counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
+    port = counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
+    up = counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
     rx = tp1["rx_packets"] - tp0["rx_packets"]
     record_measurement("dpdk.tap_to_rxonly.frames", rx)
     lines = re.findall(r"src=([0-9A-F:]{17}) - dst=([0-9A-F:]{17}) - pool=\S+ - "
@@ -493,19 +316,20 @@ def test_two_frontends_switched(dpdk_env, tmp_path, record_measurement):
     MAC) -> B (rxonly). B's MAC is pinned to its port (port mac=), so A's frames go
     to B alone, not flooded to the uplink; B counts exactly what gsonet delivered.
     The offloads virtio_user acks when testpmd asks for csum/TSO/LRO are recorded."""
-    tap = _uniq("fe")
+    tap = unique_name("fe")
     sa, sb = tmp_path / "a.sock", tmp_path / "b.sock"
     a_mac, b_mac = "02:00:00:fe:0c:0a", "02:00:00:fe:0c:0b"
     offl = ["--rx-offloads=0x1c", "--tx-offloads=0x2c"]  # tcp/udp csum + LRO; csum + TSO
-    with G.Gsonet([f"socket={sa}", f"socket={sb},mac={b_mac}"], [f"tap={tap}"],
-                  workdir=tmp_path, name="gsonet-dpdk-ab") as gs:
+    with Gsonet([f"socket={sa}", f"socket={sb},mac={b_mac}"], [f"tap={tap}"],
+                workdir=tmp_path, name="gsonet-dpdk-ab") as gs:
         _quiet_tap(tap)
-        with TestPmd("b", sb, "rxonly", mac=b_mac, args=offl) as b:
-            pb = _wait_port(gs, 1, True)
+        with _virtio_user("b", sb, "rxonly", mac=b_mac, args=offl) as b:
+            pb = gs.wait_port(1, True)
             before, b0 = gs.stats(), b.port_stats()
-            with TestPmd("a", sa, "txonly", mac=a_mac,
-                         args=[f"--eth-peer=0,{b_mac}", "--tx-ip=10.77.250.1,10.77.250.2"]) as a:
-                pa = _wait_port(gs, 0, True)
+            with _virtio_user("a", sa, "txonly", mac=a_mac,
+                              args=[f"--eth-peer=0,{b_mac}",
+                                    "--tx-ip=10.77.250.1,10.77.250.2"]) as a:
+                pa = gs.wait_port(0, True)
                 time.sleep(3)
                 a.cmd("stop")
                 a1 = a.port_stats()
@@ -522,9 +346,9 @@ def test_two_frontends_switched(dpdk_env, tmp_path, record_measurement):
                 return bs["rx_packets"] - b0["rx_packets"] == n, (st, bs)
             after, b1 = _settle(b_caught_up)
     record_measurement("dpdk.acked.offloads_requested", _caps_str(pb))
-    pa_d = G.counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
-    pb_d = G.counters_delta(before["ports"][1]["stats"], after["ports"][1]["stats"])
-    up = G.counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
+    pa_d = counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
+    pb_d = counters_delta(before["ports"][1]["stats"], after["ports"][1]["stats"])
+    up = counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
     rx = b1["rx_packets"] - b0["rx_packets"]
     record_measurement("dpdk.a_to_b.frames", rx)
     record_measurement("dpdk.a_to_b.kpps", rx / 3 / 1000)
@@ -546,15 +370,15 @@ def test_tso_frame_to_dpdk(dpdk_env, tmp_path, record_measurement):
     PACKET_VNET_HDR socket hands the kernel a GSO frame) reaches DPDK as one
     frame: gsonet passes it intact (gso_passed), testpmd counts one packet of the
     whole length and its verbose dump shows the mbuf flagged RTE_MBUF_F_RX_LRO."""
-    tap, sock = _uniq("fe"), tmp_path / "c.sock"
+    tap, sock = unique_name("fe"), tmp_path / "c.sock"
     b_mac, src_mac = "02:00:00:fe:0d:01", "02:00:00:fe:0d:99"
     payload = 60000
-    with G.Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=tmp_path,
-                  name="gsonet-dpdk-tso") as gs:
+    with Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=tmp_path,
+                name="gsonet-dpdk-tso") as gs:
         _quiet_tap(tap)
-        with TestPmd("tso", sock, "rxonly", mac=b_mac,
-                     args=["--rx-offloads=0x1c", "--tx-offloads=0x2c"]) as tp:
-            p = _wait_port(gs, 0, True)
+        with _virtio_user("tso", sock, "rxonly", mac=b_mac,
+                          args=["--rx-offloads=0x1c", "--tx-offloads=0x2c"]) as tp:
+            p = gs.wait_port(0, True)
             assert p["guest_rx"]["tso4"], p
             before, tp0 = gs.stats(), tp.port_stats()
             tp.cmd("set verbose 1")
@@ -571,8 +395,8 @@ def test_tso_frame_to_dpdk(dpdk_env, tmp_path, record_measurement):
             dump = tp.wait_for(r"src=02:00:00:FE:0D:99.*?ol_flags: [^\n]*", mark, 10).group(0)
             time.sleep(0.3)
             after, tp1 = gs.stats(), tp.port_stats()
-    port = G.counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
-    up = G.counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
+    port = counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
+    up = counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
     rx = tp1["rx_packets"] - tp0["rx_packets"]
     rx_bytes = tp1["rx_bytes"] - tp0["rx_bytes"]
     assert up["tx_frames"] >= 1 and up["tx_max_frame"] == len(frame), up
@@ -598,25 +422,25 @@ def test_frontend_kill_and_reattach(dpdk_env, tmp_path, record_measurement):
     """SIGKILL testpmd mid-transmit (no vhost-user teardown): gsonet keeps running,
     marks the port disconnected, and a second testpmd attaches to the same socket,
     negotiates and moves frames."""
-    tap, sock = _uniq("fe"), tmp_path / "d.sock"
-    with G.Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=tmp_path,
-                  name="gsonet-dpdk-kill") as gs:
+    tap, sock = unique_name("fe"), tmp_path / "d.sock"
+    with Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=tmp_path,
+                name="gsonet-dpdk-kill") as gs:
         _quiet_tap(tap)
         args = ["--eth-peer=0,02:00:00:fe:0e:ff", "--tx-ip=10.77.252.1,10.77.252.2"]
-        first = TestPmd("kill1", sock, "txonly", mac="02:00:00:fe:0e:01", args=args).start()
+        first = _virtio_user("kill1", sock, "txonly", mac="02:00:00:fe:0e:01", args=args).start()
         try:
-            _wait_port(gs, 0, True)
+            gs.wait_port(0, True)
             time.sleep(1)
             n1 = gs.port_stats(0)["stats"]["tx_frames"]
             assert n1 > 0
         finally:
             first.kill(signal.SIGKILL)
         t0 = time.monotonic()
-        _wait_port(gs, 0, False)
+        gs.wait_port(0, False)
         record_measurement("dpdk.kill.disconnect_seconds", time.monotonic() - t0)
         assert gs.alive(), gs.log()[-2000:]
-        with TestPmd("kill2", sock, "txonly", mac="02:00:00:fe:0e:02", args=args):
-            p = _wait_port(gs, 0, True)
+        with _virtio_user("kill2", sock, "txonly", mac="02:00:00:fe:0e:02", args=args):
+            p = gs.wait_port(0, True)
             time.sleep(1)
             n2 = gs.port_stats(0)["stats"]["tx_frames"]
         time.sleep(0.3)

@@ -15,18 +15,17 @@ from types import SimpleNamespace
 
 import pytest
 
-import guest as G
-
-
-def _wait_connected(gs: G.Gsonet, port: int, want: bool, timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        p = gs.port_stats(port)
-        if p["connected"] == want:
-            return p
-        if time.monotonic() > deadline:
-            raise AssertionError(f"port {port} connected={p['connected']}, wanted {want}")
-        time.sleep(0.2)
+from harness.gsonet import Gsonet, counters_delta
+from harness.guest import Guest
+from harness.hostnet import alloc_subnet, delete_link, set_addr
+from harness.iperf import (
+    HostIperfServer,
+    iperf3_guest_client,
+    iperf3_guest_server,
+    iperf3_host_client,
+)
+from harness.qemu import vhost_user_netdev
+from harness.transfer import transfer_guest_to_host, transfer_host_to_guest
 
 
 def _host_net(n: int) -> SimpleNamespace:
@@ -40,18 +39,18 @@ def _host_net(n: int) -> SimpleNamespace:
 def gsonet_guest(guest_env, tmp_path_factory):
     """gsonet serve with one port and a tap uplink (10.77.N.1/24, fd00:77:N::1/64 on
     the tap), a guest on the port with .2. Namespace: gs, guest, tap, sock, ips."""
-    n = G.alloc_subnet()
+    n = alloc_subnet()
     ns = _host_net(n)
     ns.tap = f"gsnu{os.getpid() % 100000}"
     work = tmp_path_factory.mktemp("gsonet")
     ns.sock = str(work / "vm1.sock")
-    ns.gs = G.Gsonet([f"socket={ns.sock}"], [f"tap={ns.tap}"], workdir=work, name="gsonet-core")
+    ns.gs = Gsonet([f"socket={ns.sock}"], [f"tap={ns.tap}"], workdir=work, name="gsonet-core")
     g = None
     try:
         ns.gs.start()
-        G.set_addr(ns.tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
-        g = G.Guest("gsonet", G.Guest.vhost_user(ns.sock),
-                    ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
+        set_addr(ns.tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
+        g = Guest("gsonet", vhost_user_netdev(ns.sock),
+                  ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
         g.start()
         ns.boot_seconds = g.wait_booted()
         ns.guest = g
@@ -62,7 +61,7 @@ def gsonet_guest(guest_env, tmp_path_factory):
         if g is not None:
             g.shutdown()
         ns.gs.stop()
-        G.delete_link(ns.tap)
+        delete_link(ns.tap)
 
 
 def test_boots_and_negotiates(gsonet_guest, record_measurement):
@@ -98,13 +97,13 @@ def test_large_frames_pass_intact(gsonet_guest):
     guest intact (port gso_passed); nothing is segmented in software."""
     gs = gsonet_guest.gs
     before = gs.stats()
-    r = G.transfer_guest_to_host(gsonet_guest.guest, gsonet_guest.host_ip, mib=4)
+    r = transfer_guest_to_host(gsonet_guest.guest, gsonet_guest.host_ip, mib=4)
     assert r["ok"], r
-    r = G.transfer_host_to_guest(gsonet_guest.guest, gsonet_guest.host_ip, mib=4)
+    r = transfer_host_to_guest(gsonet_guest.guest, gsonet_guest.host_ip, mib=4)
     assert r["ok"], r
     after = gs.stats()
-    port = G.counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
-    up = G.counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
+    port = counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
+    up = counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
     assert port["tx_max_frame"] > 1514, port
     assert up["gso_passed"] > 0, (up, gs.stats_text())
     assert port["gso_passed"] > 0, (port, gs.stats_text())
@@ -131,43 +130,43 @@ def test_driver_reload_resumes_traffic(gsonet_guest):
     ns, gs = gsonet_guest, gsonet_guest.gs
     _reload_driver(ns)
     assert ns.guest.ethtool_features().get("tcp-segmentation-offload") == "on"
-    p = _wait_connected(gs, 0, True)
+    p = gs.wait_port(0, True)
     assert p["guest_tx"]["tso4"] and p["guest_rx"]["tso4"], p
     rc, out = ns.guest.run(f"ping -c 3 -W 5 {ns.host_ip}", timeout=60)
     assert rc == 0, out
     before = gs.stats()
-    for move in (G.transfer_guest_to_host, G.transfer_host_to_guest):
+    for move in (transfer_guest_to_host, transfer_host_to_guest):
         r = move(ns.guest, ns.host_ip, mib=2)
         assert r["ok"], r
     after = gs.stats()
-    port = G.counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
-    up = G.counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
+    port = counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
+    up = counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
     assert port["gso_passed"] > 0 and up["gso_passed"] > 0, gs.stats_text()
 
 
 def test_ctl_mask_applies_to_the_next_connection(guest_env, tmp_path_factory):
     """`gsonet ctl port:0 tso=off` on a running gsonet: the next QEMU on that port
     gets no TSO (ethtool shows it off), and no frame over 1514 bytes leaves it."""
-    n = G.alloc_subnet()
+    n = alloc_subnet()
     ns = _host_net(n)
     tap = f"gsct{os.getpid() % 100000}"
     work = tmp_path_factory.mktemp("gsonet-ctl")
     sock = str(work / "vm-ctl.sock")
-    gs = G.Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=work, name="gsonet-ctl")
+    gs = Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=work, name="gsonet-ctl")
     g = None
     try:
         gs.start()
-        G.set_addr(tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
+        set_addr(tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
         gs.ctl("port:0", "tso=off")
-        g = G.Guest("gsonet-ctl", G.Guest.vhost_user(sock),
-                    ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
+        g = Guest("gsonet-ctl", vhost_user_netdev(sock),
+                  ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
         g.start()
         g.wait_booted()
         feats = g.ethtool_features()
         assert feats.get("tcp-segmentation-offload") == "off", feats
-        p = _wait_connected(gs, 0, True)
+        p = gs.wait_port(0, True)
         assert not p["guest_tx"]["tso4"] and not p["guest_rx"]["tso4"], p
-        r = G.transfer_guest_to_host(g, ns.host_ip, mib=2)
+        r = transfer_guest_to_host(g, ns.host_ip, mib=2)
         assert r["ok"], r
         st = gs.stats()["ports"][0]["stats"]
         assert st["gso_passed"] == 0 and st["tx_frames"] > 0, gs.stats_text()
@@ -176,35 +175,35 @@ def test_ctl_mask_applies_to_the_next_connection(guest_env, tmp_path_factory):
         if g is not None:
             g.shutdown()
         gs.stop()
-        G.delete_link(tap)
+        delete_link(tap)
 
 
 @pytest.mark.slow
 def test_iperf3_guest_to_host(gsonet_guest, record_measurement):
-    gsonet_guest.guest.start_iperf3_server()
-    gbps = G.iperf3_host_client(gsonet_guest.guest_ip, seconds=3, reverse=True)
+    iperf3_guest_server(gsonet_guest.guest)
+    gbps = iperf3_host_client(gsonet_guest.guest_ip, seconds=3, reverse=True)
     record_measurement("gsonet.guest_to_host_gbps", gbps)
     assert gbps > 0.05
 
 
 @pytest.mark.slow
 def test_iperf3_host_to_guest(gsonet_guest, record_measurement):
-    gsonet_guest.guest.start_iperf3_server()
-    gbps = G.iperf3_host_client(gsonet_guest.guest_ip, seconds=3, reverse=False)
+    iperf3_guest_server(gsonet_guest.guest)
+    gbps = iperf3_host_client(gsonet_guest.guest_ip, seconds=3, reverse=False)
     record_measurement("gsonet.host_to_guest_gbps", gbps)
     assert gbps > 0.05
 
 
 @pytest.mark.slow
 def test_transfer_guest_to_host_32mib(gsonet_guest, record_measurement):
-    r = G.transfer_guest_to_host(gsonet_guest.guest, gsonet_guest.host_ip, mib=32)
+    r = transfer_guest_to_host(gsonet_guest.guest, gsonet_guest.host_ip, mib=32)
     assert r["ok"], r
     record_measurement("gsonet.transfer_32mib_guest_to_host_seconds", r["seconds"])
 
 
 @pytest.mark.slow
 def test_transfer_host_to_guest_32mib(gsonet_guest, record_measurement):
-    r = G.transfer_host_to_guest(gsonet_guest.guest, gsonet_guest.host_ip, mib=32)
+    r = transfer_host_to_guest(gsonet_guest.guest, gsonet_guest.host_ip, mib=32)
     assert r["ok"], r
     record_measurement("gsonet.transfer_32mib_host_to_guest_seconds", r["seconds"])
 
@@ -220,28 +219,28 @@ def test_qemu_restart_while_gsonet_runs(gsonet_guest, record_measurement):
     old.proc.kill()
     old.proc.wait(timeout=10)
     old.shutdown()
-    _wait_connected(gs, 0, False)
+    gs.wait_port(0, False)
     assert gs.alive(), gs.log()[-2000:]
     ns.guest = None
-    g = G.Guest("gsonet-2", G.Guest.vhost_user(ns.sock), mac=old.mac,
-                ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
+    g = Guest("gsonet-2", vhost_user_netdev(ns.sock), mac=old.mac,
+              ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
     ns.guest = g
     g.start()
     record_measurement("gsonet.reboot_boot_seconds", g.wait_booted())
-    p = _wait_connected(gs, 0, True)
+    p = gs.wait_port(0, True)
     assert p["guest_rx"]["tso4"], p
     rc, out = g.run(f"ping -c 3 -W 5 {ns.host_ip}", timeout=60)
     assert rc == 0, out
     rc, out = g.run(f"ping -6 -c 3 -W 5 {ns.host_ip6}", timeout=60)
     assert rc == 0, out
     before = gs.stats()
-    r = G.transfer_guest_to_host(g, ns.host_ip, mib=8)
+    r = transfer_guest_to_host(g, ns.host_ip, mib=8)
     assert r["ok"], r
-    r = G.transfer_host_to_guest(g, ns.host_ip, mib=8)
+    r = transfer_host_to_guest(g, ns.host_ip, mib=8)
     assert r["ok"], r
     after = gs.stats()
-    port = G.counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
-    up = G.counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
+    port = counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
+    up = counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"])
     assert up["gso_passed"] > 0, gs.stats_text()
     assert port["gso_passed"] > 0, gs.stats_text()
 
@@ -249,15 +248,15 @@ def test_qemu_restart_while_gsonet_runs(gsonet_guest, record_measurement):
 @pytest.mark.full
 def test_qemu_server_gsonet_client(guest_env, tmp_path_factory):
     """QEMU listens (chardev server=on), gsonet connects (--port socket=...,client)."""
-    n = G.alloc_subnet()
+    n = alloc_subnet()
     ns = _host_net(n)
     tap = f"gsnc{os.getpid() % 100000}"
     work = tmp_path_factory.mktemp("gsonet-client")
     sock = str(work / "qemu.sock")
-    g = G.Guest("gsonet-qsrv", G.Guest.vhost_user(sock, server=True),
-                ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
-    gs = G.Gsonet([f"socket={sock},client"], [f"tap={tap}"], workdir=work,
-                  name="gsonet-client")
+    g = Guest("gsonet-qsrv", vhost_user_netdev(sock, server=True),
+              ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
+    gs = Gsonet([f"socket={sock},client"], [f"tap={tap}"], workdir=work,
+                name="gsonet-client")
     try:
         g.start()
         deadline = time.monotonic() + 30
@@ -265,17 +264,17 @@ def test_qemu_server_gsonet_client(guest_env, tmp_path_factory):
             assert g.alive() and time.monotonic() < deadline, g.qemu_stderr()
             time.sleep(0.05)
         gs.start()
-        G.set_addr(tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
+        set_addr(tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
         g.wait_booted()
-        p = _wait_connected(gs, 0, True)
+        p = gs.wait_port(0, True)
         assert p["guest_tx"]["tso4"], p
         rc, out = g.run(f"ping -c 3 -W 5 {ns.host_ip}", timeout=60)
         assert rc == 0, out
         rc, out = g.run(f"ping -6 -c 3 -W 5 {ns.host_ip6}", timeout=60)
         assert rc == 0, out
-        r = G.transfer_guest_to_host(g, ns.host_ip, mib=8)
+        r = transfer_guest_to_host(g, ns.host_ip, mib=8)
         assert r["ok"], r
-        r = G.transfer_host_to_guest(g, ns.host_ip, mib=8)
+        r = transfer_host_to_guest(g, ns.host_ip, mib=8)
         assert r["ok"], r
         st = gs.stats()
         assert st["uplinks"][0]["stats"]["gso_passed"] > 0, gs.stats_text()
@@ -283,25 +282,25 @@ def test_qemu_server_gsonet_client(guest_env, tmp_path_factory):
     finally:
         g.shutdown()
         gs.stop()
-        G.delete_link(tap)
+        delete_link(tap)
 
 
 def test_multiqueue_two_pairs(guest_env, tmp_path_factory, record_measurement):
     """queues=2 on the port (the tap follows with two queues): the guest's driver
     brings up two queue pairs and traffic over several flows crosses intact."""
-    n = G.alloc_subnet()
+    n = alloc_subnet()
     ns = _host_net(n)
     tap = f"gsmq{os.getpid() % 100000}"
     work = tmp_path_factory.mktemp("gsonet-mq")
     sock = str(work / "vm-mq.sock")
-    gs = G.Gsonet([f"socket={sock},queues=2"], [f"tap={tap}"], workdir=work, name="gsonet-mq")
+    gs = Gsonet([f"socket={sock},queues=2"], [f"tap={tap}"], workdir=work, name="gsonet-mq")
     g = None
     try:
         gs.start()
-        G.set_addr(tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
-        g = G.Guest("gsonet-mq", G.Guest.vhost_user(sock, queues=2),
-                    device_props={"mq": True, "vectors": 6}, smp=2,
-                    ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
+        set_addr(tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
+        g = Guest("gsonet-mq", vhost_user_netdev(sock, queues=2),
+                  device_props={"mq": True, "vectors": 6}, smp=2,
+                  ip=f"{ns.guest_ip}/24", ip6=f"{ns.guest_ip6}/64")
         g.start()
         g.wait_booted()
         rc, out = g.run("ethtool -l eth0", timeout=30)
@@ -310,11 +309,11 @@ def test_multiqueue_two_pairs(guest_env, tmp_path_factory, record_measurement):
         assert combined == ["2", "2"], out  # maximum and current
         rc, out = g.run(f"ping -c 3 -W 5 {ns.host_ip}", timeout=60)
         assert rc == 0, out
-        with G.HostIperfServer(bind=ns.host_ip):
-            gbps = G.iperf3_guest_client(g, ns.host_ip, seconds=3, extra="-P 4")
+        with HostIperfServer(bind=ns.host_ip):
+            gbps = iperf3_guest_client(g, ns.host_ip, seconds=3, extra="-P 4")
         record_measurement("gsonet.mq2.guest_to_host_P4_gbps", gbps)
         assert gbps > 0
-        r = G.transfer_guest_to_host(g, ns.host_ip, mib=8)
+        r = transfer_guest_to_host(g, ns.host_ip, mib=8)
         assert r["ok"], r
         st = gs.stats()
         assert st["ports"][0]["stats"]["gso_passed"] > 0 or st["uplinks"][0]["stats"]["gso_passed"] > 0, gs.stats_text()
@@ -323,4 +322,4 @@ def test_multiqueue_two_pairs(guest_env, tmp_path_factory, record_measurement):
         if g is not None:
             g.shutdown()
         gs.stop()
-        G.delete_link(tap)
+        delete_link(tap)

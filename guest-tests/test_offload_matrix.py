@@ -29,7 +29,11 @@ from types import SimpleNamespace
 
 import pytest
 
-import guest as G
+from harness.gsonet import Gsonet, counters_delta
+from harness.guest import Guest
+from harness.hostnet import alloc_subnet, delete_link, set_addr
+from harness.qemu import vhost_user_netdev
+from harness.transfer import transfer_guest_to_guest, transfer_guest_to_host, transfer_host_to_guest
 
 MIB = int(os.environ.get("GSONET_MATRIX_MIB", "4"))
 DEFAULT_FEATURES = {"tx": True, "sg": True, "tso": True, "gso": True, "gro": True}
@@ -42,7 +46,7 @@ DEFAULT_FEATURES = {"tx": True, "sg": True, "tso": True, "gso": True, "gro": Tru
 def mx(guest_env, tmp_path_factory):
     """gsonet with ports p0, p1 and a tap uplink; guest A on p0 (.2), guest B on
     p1 (.3, rebooted per device-property set with ``mx.boot_b(props)``)."""
-    n = G.alloc_subnet()
+    n = alloc_subnet()
     work = tmp_path_factory.mktemp("matrix")
     ns = SimpleNamespace(
         host_ip=f"10.77.{n}.1", host_ip6=f"fd00:77:{n}::1",
@@ -52,18 +56,8 @@ def mx(guest_env, tmp_path_factory):
         socks=[str(work / "a.sock"), str(work / "b.sock")],
         a=None, b=None, b_props=None,
     )
-    ns.gs = G.Gsonet([f"socket={s}" for s in ns.socks], [f"tap={ns.tap}"],
-                     workdir=work, name="gsonet-matrix")
-
-    def wait_port(i: int, connected: bool, timeout: float = 30) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            p = ns.gs.port_stats(i)
-            if p["connected"] == connected:
-                return p
-            if time.monotonic() > deadline:
-                raise AssertionError(f"port {i}: connected={p['connected']}, wanted {connected}")
-            time.sleep(0.2)
+    ns.gs = Gsonet([f"socket={s}" for s in ns.socks], [f"tap={ns.tap}"],
+                   workdir=work, name="gsonet-matrix")
 
     def boot_b(props: dict | None = None):
         props = dict(props or {})
@@ -72,26 +66,25 @@ def mx(guest_env, tmp_path_factory):
         if ns.b is not None:
             ns.b.shutdown()
             ns.b = None
-            wait_port(1, False)
-        g = G.Guest("mxb", G.Guest.vhost_user(ns.socks[1]), props,
-                    ip=f"{ns.b_ip}/24", ip6=f"{ns.b_ip6}/64")
+            ns.gs.wait_port(1, False)
+        g = Guest("mxb", vhost_user_netdev(ns.socks[1]), props,
+                  ip=f"{ns.b_ip}/24", ip6=f"{ns.b_ip6}/64")
         ns.b = g
         g.start()
         g.wait_booted()
-        wait_port(1, True)
+        ns.gs.wait_port(1, True)
         ns.b_props = props
         return g
 
-    ns.wait_port = wait_port
     ns.boot_b = boot_b
     try:
         ns.gs.start()
-        G.set_addr(ns.tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
-        ns.a = G.Guest("mxa", G.Guest.vhost_user(ns.socks[0]),
-                       ip=f"{ns.a_ip}/24", ip6=f"{ns.a_ip6}/64")
+        set_addr(ns.tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
+        ns.a = Guest("mxa", vhost_user_netdev(ns.socks[0]),
+                     ip=f"{ns.a_ip}/24", ip6=f"{ns.a_ip6}/64")
         ns.a.start()
         ns.a.wait_booted()
-        wait_port(0, True)
+        ns.gs.wait_port(0, True)
         boot_b({})
         yield ns
     finally:
@@ -99,7 +92,7 @@ def mx(guest_env, tmp_path_factory):
             if g is not None:
                 g.shutdown()
         ns.gs.stop()
-        G.delete_link(ns.tap)
+        delete_link(ns.tap)
 
 
 # ---- helpers ------------------------------------------------------------------
@@ -107,9 +100,9 @@ def mx(guest_env, tmp_path_factory):
 
 def _delta(before: dict, after: dict) -> SimpleNamespace:
     return SimpleNamespace(
-        p=[G.counters_delta(b["stats"], a["stats"])
+        p=[counters_delta(b["stats"], a["stats"])
            for b, a in zip(before["ports"], after["ports"])],
-        up=G.counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"]),
+        up=counters_delta(before["uplinks"][0]["stats"], after["uplinks"][0]["stats"]),
     )
 
 
@@ -128,16 +121,16 @@ def _bad_drops(d: SimpleNamespace) -> dict:
     return out
 
 
-def xfer(mx, kind: str, guest: G.Guest, ip: str, dst: G.Guest | None = None,
+def xfer(mx, kind: str, guest: Guest, ip: str, dst: Guest | None = None,
          mib: int = MIB) -> SimpleNamespace:
     """One md5-checked transfer; returns the counter deltas it caused."""
     before = mx.gs.stats()
     if kind == "g2h":
-        r = G.transfer_guest_to_host(guest, ip, mib=mib)
+        r = transfer_guest_to_host(guest, ip, mib=mib)
     elif kind == "h2g":
-        r = G.transfer_host_to_guest(guest, ip, mib=mib)
+        r = transfer_host_to_guest(guest, ip, mib=mib)
     else:
-        r = G.transfer_guest_to_guest(guest, dst, ip, mib=mib)
+        r = transfer_guest_to_guest(guest, dst, ip, mib=mib)
     after = mx.gs.stats()
     d = _delta(before, after)
     assert r["ok"], (kind, r, d, mx.gs.stats_text())
@@ -146,12 +139,12 @@ def xfer(mx, kind: str, guest: G.Guest, ip: str, dst: G.Guest | None = None,
     return d
 
 
-def _set_features(g: G.Guest, feats: dict) -> dict:
+def _set_features(g: Guest, feats: dict) -> dict:
     g.ethtool_set(**feats)
     return g.ethtool_features()
 
 
-def _restore(g: G.Guest) -> None:
+def _restore(g: Guest) -> None:
     g.ethtool_set(**DEFAULT_FEATURES)
 
 
@@ -282,7 +275,7 @@ UDP_SIZE = 46 * UDP_GSO  # 64400 bytes: one 64 KiB-class datagram per send
 UDP_SENDS = 4
 
 
-def _udp_guest_to_host(mx, g: G.Guest, host_ip: str, v6: bool) -> list[int]:
+def _udp_guest_to_host(mx, g: Guest, host_ip: str, v6: bool) -> list[int]:
     fam = socket.AF_INET6 if v6 else socket.AF_INET
     sizes: list[int] = []
     with socket.socket(fam, socket.SOCK_DGRAM) as s:
@@ -310,7 +303,7 @@ def _udp_guest_to_host(mx, g: G.Guest, host_ip: str, v6: bool) -> list[int]:
     return sizes
 
 
-def _udp_host_to_guest(g: G.Guest, host_ip: str, guest_ip: str, v6: bool) -> str:
+def _udp_host_to_guest(g: Guest, host_ip: str, guest_ip: str, v6: bool) -> str:
     port = 5405
     want = UDP_SENDS * UDP_SIZE // UDP_GSO
     flag = "-6 " if v6 else ""
@@ -335,7 +328,7 @@ def _udp_host_to_guest(g: G.Guest, host_ip: str, guest_ip: str, v6: bool) -> str
     return g.run_ok("cat /tmp/ur.out")
 
 
-def _udp_checks(mx, g: G.Guest, guest_ip: str, guest_ip6: str) -> None:
+def _udp_checks(mx, g: Guest, guest_ip: str, guest_ip6: str) -> None:
     want = UDP_SENDS * UDP_SIZE // UDP_GSO
     for v6, hip, gip in [(False, mx.host_ip, guest_ip), (True, mx.host_ip6, guest_ip6)]:
         # Resolve the neighbour first: until then the kernel parks whole 64 KiB GSO

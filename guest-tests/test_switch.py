@@ -21,7 +21,12 @@ from types import SimpleNamespace
 
 import pytest
 
-import guest as G
+from harness.gsonet import Gsonet, counters_delta
+from harness.guest import Guest
+from harness.hostnet import alloc_subnet, create_bridge, delete_link
+from harness.iperf import iperf3_guest_client, iperf3_guest_server
+from harness.qemu import tap_netdev, vhost_user_netdev
+from harness.transfer import transfer_guest_to_guest
 
 SECONDS = 3
 NO_GUEST_TSO = {"guest_tso4": False, "guest_tso6": False}
@@ -45,8 +50,8 @@ def _pair_net(n: int) -> SimpleNamespace:
 
 
 def _boot_pair(ns, netdev_a, netdev_b, prefix: str, props_a=None):
-    ns.a = G.Guest(f"{prefix}-a", netdev_a, props_a, ip=f"{ns.ip_a}/24", ip6=f"{ns.ip6_a}/64")
-    ns.b = G.Guest(f"{prefix}-b", netdev_b, ip=f"{ns.ip_b}/24", ip6=f"{ns.ip6_b}/64")
+    ns.a = Guest(f"{prefix}-a", netdev_a, props_a, ip=f"{ns.ip_a}/24", ip6=f"{ns.ip6_a}/64")
+    ns.b = Guest(f"{prefix}-b", netdev_b, ip=f"{ns.ip_b}/24", ip6=f"{ns.ip6_b}/64")
     ns.a.start()
     ns.b.start()
     ns.a.wait_booted()
@@ -57,8 +62,8 @@ def _restart_a(ns, netdev_a, prefix: str, props_a) -> None:
     """Replace guest A (same name, MAC, addresses) with one using ``props_a``."""
     mac = ns.a.mac
     ns.a.shutdown()
-    ns.a = G.Guest(f"{prefix}-a", netdev_a, props_a, mac=mac,
-                   ip=f"{ns.ip_a}/24", ip6=f"{ns.ip6_a}/64")
+    ns.a = Guest(f"{prefix}-a", netdev_a, props_a, mac=mac,
+                 ip=f"{ns.ip_a}/24", ip6=f"{ns.ip6_a}/64")
     ns.a.start()
     ns.a.wait_booted()
     # B's neighbour entry for A is still valid (same MAC); make sure the path is up
@@ -67,8 +72,8 @@ def _restart_a(ns, netdev_a, prefix: str, props_a) -> None:
 
 
 def _iperf_b_to_a(ns) -> float:
-    ns.a.start_iperf3_server()
-    return G.iperf3_guest_client(ns.b, ns.ip_a, seconds=SECONDS)
+    iperf3_guest_server(ns.a)
+    return iperf3_guest_client(ns.b, ns.ip_a, seconds=SECONDS)
 
 
 def _ping_both_ways(ns) -> None:
@@ -81,15 +86,15 @@ def _ping_both_ways(ns) -> None:
 @pytest.fixture(scope="class")
 def gsonet_pair(guest_env, tmp_path_factory):
     """Guests A (port 0) and B (port 1) on one gsonet without uplink."""
-    ns = _pair_net(G.alloc_subnet())
+    ns = _pair_net(alloc_subnet())
     work = tmp_path_factory.mktemp("gsonet-switch")
     ns.sock_a, ns.sock_b = str(work / "a.sock"), str(work / "b.sock")
-    ns.gs = G.Gsonet([f"socket={ns.sock_a}", f"socket={ns.sock_b}"], workdir=work,
-                     name="gsonet-switch")
+    ns.gs = Gsonet([f"socket={ns.sock_a}", f"socket={ns.sock_b}"], workdir=work,
+                   name="gsonet-switch")
     ns.a = ns.b = None
     try:
         ns.gs.start()
-        _boot_pair(ns, G.Guest.vhost_user(ns.sock_a), G.Guest.vhost_user(ns.sock_b), "sw")
+        _boot_pair(ns, vhost_user_netdev(ns.sock_a), vhost_user_netdev(ns.sock_b), "sw")
         yield ns
     finally:
         for g in (ns.a, ns.b):
@@ -116,7 +121,7 @@ class TestGsonetSwitch:
         """(a) TSO frames from B reach A intact: passed, never segmented."""
         before = self._port_a(pair)
         gbps = _iperf_b_to_a(pair)
-        d = G.counters_delta(before, self._port_a(pair))
+        d = counters_delta(before, self._port_a(pair))
         _record(record_measurement, "gsonet", "offload", gbps)
         assert gbps > 0.05
         assert d["gso_passed"] > 0, (d, pair.gs.stats_text())
@@ -126,12 +131,12 @@ class TestGsonetSwitch:
 
     @pytest.mark.slow
     def test_transfer_b_to_a_32mib(self, pair):
-        r = G.transfer_guest_to_guest(pair.b, pair.a, pair.ip_a, mib=32)
+        r = transfer_guest_to_guest(pair.b, pair.a, pair.ip_a, mib=32)
         assert r["ok"], r
 
     @pytest.mark.slow
     def test_transfer_a_to_b_32mib(self, pair):
-        r = G.transfer_guest_to_guest(pair.a, pair.b, pair.ip_b, mib=32)
+        r = transfer_guest_to_guest(pair.a, pair.b, pair.ip_b, mib=32)
         assert r["ok"], r
 
     @pytest.mark.slow
@@ -143,7 +148,7 @@ class TestGsonetSwitch:
             gbps = _iperf_b_to_a(pair)
         finally:
             pair.b.ethtool_set(tso=True, gso=True)
-        d = G.counters_delta(before, self._port_a(pair))
+        d = counters_delta(before, self._port_a(pair))
         _record(record_measurement, "gsonet", "tx_tso_off", gbps)
         assert gbps > 0.01
         assert d["gso_passed"] == 0 and d["gso_segmented"] == 0, d
@@ -153,14 +158,14 @@ class TestGsonetSwitch:
         """(b) A did not ack GUEST_TSO4/6: gsonet segments B's TSO frames in
         software; the data arrives intact (md5) and the counters say so.
         Runs last in the class: it replaces guest A."""
-        _restart_a(pair, G.Guest.vhost_user(pair.sock_a), "sw", NO_GUEST_TSO)
+        _restart_a(pair, vhost_user_netdev(pair.sock_a), "sw", NO_GUEST_TSO)
         p = pair.gs.port_stats(0)
         assert p["connected"] and not p["guest_rx"]["tso4"] and not p["guest_rx"]["tso6"], p
         before = p["stats"]
         gbps = _iperf_b_to_a(pair)
         _record(record_measurement, "gsonet", "rx_no_guest_tso", gbps)
-        r = G.transfer_guest_to_guest(pair.b, pair.a, pair.ip_a, mib=8)
-        d = G.counters_delta(before, self._port_a(pair))
+        r = transfer_guest_to_guest(pair.b, pair.a, pair.ip_a, mib=8)
+        d = counters_delta(before, self._port_a(pair))
         assert r["ok"], r
         assert gbps > 0.05
         assert d["gso_segmented"] > 0, (d, pair.gs.stats_text())
@@ -172,20 +177,20 @@ class TestGsonetSwitch:
 @pytest.fixture(scope="class")
 def bridge_pair(guest_env):
     """The same guests on QEMU's built-in virtio-net: two taps on a Linux bridge."""
-    ns = _pair_net(G.alloc_subnet())
+    ns = _pair_net(alloc_subnet())
     tag = os.getpid() % 100000
     ns.br, ns.tap_a, ns.tap_b = f"gsnbr{tag}", f"gsnba{tag}", f"gsnbb{tag}"
     ns.a = ns.b = None
     try:
-        G.create_bridge(ns.br, [ns.tap_a, ns.tap_b])
-        _boot_pair(ns, G.Guest.tap(ns.tap_a), G.Guest.tap(ns.tap_b), "br")
+        create_bridge(ns.br, [ns.tap_a, ns.tap_b])
+        _boot_pair(ns, tap_netdev(ns.tap_a), tap_netdev(ns.tap_b), "br")
         yield ns
     finally:
         for g in (ns.a, ns.b):
             if g is not None:
                 g.shutdown()
         for link in (ns.br, ns.tap_a, ns.tap_b):
-            G.delete_link(link)
+            delete_link(link)
 
 
 class TestBridgeBaseline:
@@ -206,7 +211,7 @@ class TestBridgeBaseline:
 
     @pytest.mark.full
     def test_transfer_b_to_a_32mib(self, pair):
-        r = G.transfer_guest_to_guest(pair.b, pair.a, pair.ip_a, mib=32)
+        r = transfer_guest_to_guest(pair.b, pair.a, pair.ip_a, mib=32)
         assert r["ok"], r
 
     @pytest.mark.slow
@@ -222,7 +227,7 @@ class TestBridgeBaseline:
     @pytest.mark.full
     def test_iperf3_receiver_without_guest_tso(self, pair, record_measurement):
         """The kernel segments for a tap whose guest lacks GUEST_TSO (TUNSETOFFLOAD)."""
-        _restart_a(pair, G.Guest.tap(pair.tap_a), "br", NO_GUEST_TSO)
+        _restart_a(pair, tap_netdev(pair.tap_a), "br", NO_GUEST_TSO)
         gbps = _iperf_b_to_a(pair)
         _record(record_measurement, "bridge", "rx_no_guest_tso", gbps)
         assert gbps > 0.05

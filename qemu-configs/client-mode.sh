@@ -16,6 +16,5 @@ need_root
 rm -f "$WORK/qemu-srv.sock"
 start_gsonet --port "socket=$WORK/qemu-srv.sock,client" --uplink "tap=$TAP"
 host_addr "$TAP"
-mapfile -t ARGS < <(qemu_args vm1 "$NET.2" "socket,id=c0,path=$WORK/qemu-srv.sock,server=on,wait=on" "" "")
-run_guest 1 vm1 "${ARGS[@]}"
+run_guest 1 vm1 2 "$WORK/qemu-srv.sock" --server --wait
 wait_all

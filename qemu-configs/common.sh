@@ -1,5 +1,7 @@
-# Shared by the qemu-configs/*.sh scripts: defaults, starting gsonet, and the QEMU
-# command line of a guest on a vhost-user port. Source it; do not run it.
+# Shared by the qemu-configs/*.sh scripts: defaults, starting gsonet, and running a
+# guest on a vhost-user port. Source it; do not run it. The QEMU command line comes
+# from the guest tests' builder (guest-tests/harness/qemu.py), so a guest started here
+# is the guest the tests boot.
 #
 # Environment (all optional):
 #   GSONET     gsonet binary            (default: target/release/gsonet of this tree)
@@ -12,16 +14,18 @@
 #   NET        first three octets of the test subnet (default: 10.77.0)
 #   CONSOLE    stdio (interactive, last guest in the foreground) or file (every guest
 #              in the background, console in $WORK/NAME.console; the script waits)
-#   OFFLOADS   virtio-net-pci offload properties, see below
+#   OFFLOADS   virtio-net-pci properties for every guest, see below
 #   EXTRA_QEMU extra QEMU arguments
+#   PRINT_ONLY 1: start nothing, print the gsonet and QEMU command lines (one
+#              argument a line, each command after a "--- gsonet" / "--- qemu NAME" line)
 #
 # The guest image (guest-tests/image) reads gsonet.ip=/gsonet.ip6= from the kernel
 # command line; any other Linux image works as well, configure its eth0 yourself.
 
 set -euo pipefail
 
-CONFIGS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$CONFIGS/.." && pwd)"
+CONFIGS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
+ROOT="$(cd "$CONFIGS/.." && pwd -P)"
 GSONET="${GSONET:-$ROOT/target/release/gsonet}"
 KERNEL="${KERNEL:-$ROOT/guest-tests/.cache/bzImage}"
 INITRD="${INITRD:-$ROOT/guest-tests/.cache/initramfs.cpio.gz}"
@@ -31,29 +35,33 @@ ACCEL="${ACCEL:-tcg}"
 NET="${NET:-10.77.0}"
 CONSOLE="${CONSOLE:-stdio}"
 EXTRA_QEMU="${EXTRA_QEMU:-}"
+PRINT_ONLY="${PRINT_ONLY:-0}"
 
-# virtio-net-pci offload properties. Every one defaults to on in QEMU; turning one
-# off hides that feature bit from the guest (gsonet then never sees it acked):
-#   csum=on        VIRTIO_NET_F_CSUM: the guest may send partially checksummed frames
-#                  (prerequisite of every host_* offload below)
-#   guest_csum=on  VIRTIO_NET_F_GUEST_CSUM: gsonet may hand the guest partial checksums
-#                  (prerequisite of every guest_* offload below)
-#   host_tso4=on host_tso6=on   the guest may send TCP frames up to 64 KiB (TSO)
-#   host_ecn=on                 ... with ECN (CWR) set
-#   host_ufo=on                 ... UDP fragmentation offload (Linux guests no longer use it)
-#   host_uso=on                 ... UDP segmentation (UDP_SEGMENT); QEMU 10 masks it on
-#                               vhost-user netdevs (docs/offloads.md)
-#   guest_tso4=on guest_tso6=on gsonet may hand the guest 64 KiB TCP frames
-#   guest_ecn=on guest_ufo=on   ... with ECN / UFO frames
-#   guest_uso4=on guest_uso6=on ... USO frames (masked by QEMU 10 on vhost-user)
-#   mrg_rxbuf=on                mergeable RX buffers: 64 KiB frames without 64 KiB buffers
+# OFFLOADS: virtio-net-pci properties, k=v,k2=v2. Every offload defaults to on in
+# QEMU (the guests also get mrg_rxbuf=on and 1024-entry rings); turning one off hides
+# that feature bit from the guest (gsonet then never sees it acked):
+#   csum=off        VIRTIO_NET_F_CSUM: the guest may send partially checksummed frames
+#                   (prerequisite of every host_* offload below)
+#   guest_csum=off  VIRTIO_NET_F_GUEST_CSUM: gsonet may hand the guest partial checksums
+#                   (prerequisite of every guest_* offload below)
+#   host_tso4 host_tso6   the guest may send TCP frames up to 64 KiB (TSO)
+#   host_ecn              ... with ECN (CWR) set
+#   host_ufo              ... UDP fragmentation offload (Linux guests no longer use it)
+#   host_uso              ... UDP segmentation (UDP_SEGMENT); QEMU 10 masks it on
+#                         vhost-user netdevs (docs/offloads.md)
+#   guest_tso4 guest_tso6 gsonet may hand the guest 64 KiB TCP frames
+#   guest_ecn guest_ufo   ... with ECN / UFO frames
+#   guest_uso4 guest_uso6 ... USO frames (masked by QEMU 10 on vhost-user)
+#   mrg_rxbuf             mergeable RX buffers: 64 KiB frames without 64 KiB buffers
 #   rx_queue_size=1024,tx_queue_size=1024   256-entry rings drop under load
-OFFLOADS="${OFFLOADS:-csum=on,guest_csum=on,host_tso4=on,host_tso6=on,host_ecn=on,host_ufo=on,guest_tso4=on,guest_tso6=on,guest_ecn=on,guest_ufo=on,mrg_rxbuf=on,rx_queue_size=1024,tx_queue_size=1024}"
+# e.g. OFFLOADS=guest_tso4=off,guest_tso6=off
+OFFLOADS="${OFFLOADS:-}"
 
 PIDS=()
 say() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
 
 need_root() {
+    [ "$PRINT_ONLY" = 1 ] && return 0
     if [ "$(id -u)" != 0 ]; then
         say "run as root (gsonet creates a tap; QEMU needs the sockets)"
         exit 1
@@ -78,9 +86,11 @@ trap cleanup EXIT INT TERM
 # start_gsonet ARGS... : runs `gsonet serve ARGS --control $WORK/control.sock` in the
 # background (log: $WORK/gsonet.log) and waits for its control socket.
 start_gsonet() {
+    local cmd=("$GSONET" serve "$@" --control "$WORK/control.sock")
+    if [ "$PRINT_ONLY" = 1 ]; then printf '%s\n' "--- gsonet" "${cmd[@]}"; return; fi
     rm -f "$WORK/control.sock"
-    say "gsonet serve $* --control $WORK/control.sock"
-    NO_COLOR=1 "$GSONET" serve "$@" --control "$WORK/control.sock" >"$WORK/gsonet.log" 2>&1 &
+    say "${cmd[*]}"
+    NO_COLOR=1 "${cmd[@]}" >"$WORK/gsonet.log" 2>&1 &
     PIDS+=($!)
     local i
     for i in $(seq 1 100); do
@@ -93,6 +103,7 @@ start_gsonet() {
 
 # host_addr TAP : the host end of the test subnet on gsonet's tap uplink.
 host_addr() {
+    [ "$PRINT_ONLY" = 1 ] && return 0
     local i
     for i in $(seq 1 50); do [ -e "/sys/class/net/$1" ] && break; sleep 0.1; done
     ip addr replace "$NET.1/24" dev "$1"
@@ -100,36 +111,32 @@ host_addr() {
     ip link set "$1" up
 }
 
-# qemu_args NAME IP CHARDEV NETDEV_EXTRA DEVICE_EXTRA SMP : prints the QEMU argv,
-# one per line, for a guest whose NIC is a vhost-user netdev on CHARDEV.
-qemu_args() {
-    local name="$1" ip="$2" chardev="$3" netdev_extra="$4" device_extra="$5" smp="${6:-1}"
-    local mac
-    mac="52:54:00:$(printf '%s' "$name" | md5sum | sed 's/^\(..\)\(..\)\(..\).*/\1:\2:\3/')"
-    printf '%s\n' \
-        -name "$name" -accel "$ACCEL" -cpu qemu64 -m "$MEM" -smp "$smp" \
-        -object "memory-backend-memfd,id=mem,size=$MEM,share=on" -numa node,memdev=mem \
-        -kernel "$KERNEL" -initrd "$INITRD" \
-        -append "console=ttyS0 quiet panic=-1 gsonet.hostname=$name gsonet.ip=$ip/24 gsonet.ip6=fd00:77::${ip##*.}/64" \
-        -nodefaults -nographic -monitor none -no-reboot \
-        -chardev "$chardev" \
-        -netdev "vhost-user,id=n0,chardev=c0$netdev_extra" \
-        -device "virtio-net-pci,netdev=n0,mac=$mac,$OFFLOADS$device_extra"
-}
-
-# run_guest FOREGROUND NAME ARGS... : starts qemu-system-x86_64 with ARGS. The last
-# guest of a stdio script runs in the foreground (Ctrl-A X quits); the others, and
-# all of them with CONSOLE=file, in the background with their console in a file.
+# run_guest FOREGROUND NAME HOST SOCKET [OPTIONS...] : a guest at $NET.HOST (and
+# fd00:77::HOST) on the vhost-user socket SOCKET. OPTIONS go to the command line
+# builder: --server [--wait] (QEMU listens), --queues N, --smp N, --props k=v,...
+# The last guest of a stdio script runs in the foreground (Ctrl-A X quits); the
+# others, and all of them with CONSOLE=file, in the background with their console in
+# a file.
 run_guest() {
-    local fg="$1" name="$2"; shift 2
-    # shellcheck disable=SC2086
-    if [ "$fg" = 1 ] && [ "$CONSOLE" = stdio ]; then
+    local fg="$1" name="$2" host="$3" sock="$4"; shift 4
+    local serial="file:$WORK/$name.console" out
+    [ "$fg" = 1 ] && [ "$CONSOLE" = stdio ] && serial=stdio
+    out="$(PYTHONPATH="$ROOT/guest-tests${PYTHONPATH:+:$PYTHONPATH}" python3 -m harness.qemu \
+        "$name" "$sock" --ip "$NET.$host/24" --ip6 "fd00:77::$host/64" --mem "$MEM" \
+        --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --serial "$serial" \
+        --props "$OFFLOADS" "$@")"
+    local argv
+    mapfile -t argv <<<"$out"
+    # shellcheck disable=SC2206
+    argv+=($EXTRA_QEMU)
+    if [ "$PRINT_ONLY" = 1 ]; then
+        printf '%s\n' "--- qemu $name" "${argv[@]}"
+    elif [ "$serial" = stdio ]; then
         say "guest $name (console here; Ctrl-A X quits)"
-        qemu-system-x86_64 "$@" -serial stdio $EXTRA_QEMU
+        "${argv[@]}"
     else
         say "guest $name (console: $WORK/$name.console)"
-        qemu-system-x86_64 "$@" -serial "file:$WORK/$name.console" $EXTRA_QEMU \
-            </dev/null >"$WORK/$name.qemu.log" 2>&1 &
+        "${argv[@]}" </dev/null >"$WORK/$name.qemu.log" 2>&1 &
         PIDS+=($!)
     fi
 }
@@ -137,7 +144,7 @@ run_guest() {
 # wait_all : with CONSOLE=file, keep the script (and with it gsonet) alive until a
 # guest exits or the script is interrupted.
 wait_all() {
-    if [ "$CONSOLE" != stdio ]; then
+    if [ "$PRINT_ONLY" != 1 ] && [ "$CONSOLE" != stdio ]; then
         say "running; gsonet stats --control $WORK/control.sock; Ctrl-C stops everything"
         wait -n "${PIDS[@]}" 2>/dev/null || true
     fi

@@ -6,7 +6,7 @@
 #
 # gsonet:  serve --port socket=$WORK/mq.sock,queues=2 --uplink tap=$TAP,queues=2
 # QEMU:    -smp 2 -netdev vhost-user,id=n0,chardev=c0,queues=2
-#          -device virtio-net-pci,netdev=n0,mq=on,vectors=6,<OFFLOADS>
+#          -device virtio-net-pci,netdev=n0,mq=on,vectors=6,<properties>
 #          (vectors = 2 * queue pairs + 2: one per virtqueue, config, control queue)
 # In the guest: ethtool -l eth0 shows "Combined: 2"; the 6.12 driver uses both.
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -17,7 +17,6 @@ need_root
 rm -f "$WORK/mq.sock"
 start_gsonet --port "socket=$WORK/mq.sock,queues=$QUEUES" --uplink "tap=$TAP,queues=$QUEUES"
 host_addr "$TAP"
-mapfile -t ARGS < <(qemu_args mq "$NET.2" "socket,id=c0,path=$WORK/mq.sock" \
-    ",queues=$QUEUES" ",mq=on,vectors=$((2 * QUEUES + 2))" "$QUEUES")
-run_guest 1 mq "${ARGS[@]}"
+run_guest 1 mq 2 "$WORK/mq.sock" --queues "$QUEUES" --smp "$QUEUES" \
+    --props "mq=on,vectors=$((2 * QUEUES + 2))"
 wait_all

@@ -7,7 +7,7 @@
 #
 # gsonet:  serve --port socket=$WORK/vm1.sock --uplink tap=$TAP
 # QEMU:    -chardev socket,id=c0,path=$WORK/vm1.sock -netdev vhost-user,id=n0,chardev=c0
-#          -device virtio-net-pci,netdev=n0,<OFFLOADS>   (see common.sh)
+#          -device virtio-net-pci,netdev=n0,<properties>   (see common.sh)
 # Env: TAP (default gsonet0), PORT_OPTS (e.g. ",tso=off"), UPLINK_OPTS (e.g.
 # ",gso=software"), and everything in common.sh.
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -17,6 +17,5 @@ need_root
 rm -f "$WORK/vm1.sock"
 start_gsonet --port "socket=$WORK/vm1.sock${PORT_OPTS:-}" --uplink "tap=$TAP${UPLINK_OPTS:-}"
 host_addr "$TAP"
-mapfile -t ARGS < <(qemu_args vm1 "$NET.2" "socket,id=c0,path=$WORK/vm1.sock" "" "")
-run_guest 1 vm1 "${ARGS[@]}"
+run_guest 1 vm1 2 "$WORK/vm1.sock"
 wait_all

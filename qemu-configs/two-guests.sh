@@ -8,7 +8,7 @@
 #   sudo CONSOLE=file qemu-configs/two-guests.sh &
 #
 # gsonet:  serve --port socket=$WORK/vm1.sock --port socket=$WORK/vm2.sock --uplink tap=$TAP
-# Try VM2_OFFLOADS=",guest_tso4=off" to watch gsonet segment for vm2 (gsonet stats).
+# Try VM2_OFFLOADS=guest_tso4=off to watch gsonet segment for vm2 (gsonet stats).
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 TAP="${TAP:-gsonet0}"
 need_root
@@ -16,8 +16,6 @@ need_root
 rm -f "$WORK/vm1.sock" "$WORK/vm2.sock"
 start_gsonet --port "socket=$WORK/vm1.sock" --port "socket=$WORK/vm2.sock" --uplink "tap=$TAP"
 host_addr "$TAP"
-mapfile -t A1 < <(qemu_args vm1 "$NET.2" "socket,id=c0,path=$WORK/vm1.sock" "" "")
-mapfile -t A2 < <(qemu_args vm2 "$NET.3" "socket,id=c0,path=$WORK/vm2.sock" "" "${VM2_OFFLOADS:-}")
-run_guest 0 vm1 "${A1[@]}"
-run_guest 1 vm2 "${A2[@]}"
+run_guest 0 vm1 2 "$WORK/vm1.sock"
+run_guest 1 vm2 3 "$WORK/vm2.sock" --props "${VM2_OFFLOADS:-}"
 wait_all

@@ -14,13 +14,59 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 
 BPO_LIST=/etc/apt/sources.list.d/bookworm-backports.list
-BPO_LINE="deb http://deb.debian.org/debian bookworm-backports main"
 need_update=0
 
-# 1. bookworm-backports (QEMU 10, kernel 6.12 for the guest).
-if ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
-    say "adding bookworm-backports to $BPO_LIST"
-    echo "$BPO_LINE" > "$BPO_LIST"
+# suite_uri SUITE: the URI of the first enabled `deb` entry for SUITE in this
+# machine's apt sources, one-line (sources.list, *.list) or deb822 (*.sources).
+suite_uri() {
+    local f uri
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [ -f "$f" ] || continue
+        uri="$(awk -v suite="$1" '
+            $1 == "deb" {
+                i = 2
+                if ($i ~ /^\[/) { while (i < NF && $i !~ /\]$/) i++; i++ }
+                if ($(i + 1) == suite) { print $i; exit }
+            }' "$f")"
+        [ -n "$uri" ] && { echo "$uri"; return; }
+    done
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [ -f "$f" ] || continue
+        uri="$(awk -v suite="$1" '
+            BEGIN { RS = ""; FS = "\n" }
+            {
+                types = ""; uris = ""; suites = ""; enabled = "yes"
+                for (i = 1; i <= NF; i++) {
+                    if ($i ~ /^[ \t]*#/ || !match($i, /^[A-Za-z-]+:/)) continue
+                    key = tolower(substr($i, 1, RLENGTH - 1))
+                    val = " " substr($i, RLENGTH + 1) " "
+                    gsub(/[ \t]+/, " ", val)
+                    if (key == "types") types = val
+                    else if (key == "uris") uris = val
+                    else if (key == "suites") suites = val
+                    else if (key == "enabled") enabled = val
+                }
+                if (types ~ / deb / && index(suites, " " suite " ") && enabled !~ /no/) {
+                    split(uris, u, " "); print u[1]; exit
+                }
+            }' "$f")"
+        [ -n "$uri" ] && { echo "$uri"; return; }
+    done
+    return 0
+}
+
+# 1. bookworm-backports (QEMU 10, kernel 6.12 for the guest), from the mirror the
+# machine already uses for bookworm.
+if [ -z "$(suite_uri bookworm-backports)" ]; then
+    mirror="$(suite_uri bookworm)"
+    if [ -z "$mirror" ]; then
+        echo "no bookworm entry in /etc/apt/sources.list{,.d/}: cannot tell which Debian" \
+            "mirror to take bookworm-backports from; add 'deb MIRROR bookworm-backports main'" \
+            "to $BPO_LIST" >&2
+        exit 1
+    fi
+    say "adding bookworm-backports from $mirror to $BPO_LIST"
+    echo "deb $mirror bookworm-backports main" > "$BPO_LIST"
     need_update=1
 fi
 if ! ls /var/lib/apt/lists/ 2>/dev/null | grep -q 'bookworm-backports.*Packages'; then
@@ -76,16 +122,16 @@ else
 fi
 say "qemu: $(qemu-system-x86_64 --version | head -1)"
 
-# 2b. DPDK (dpdk-testpmd: its net_virtio_user vdev is a second vhost-user frontend
-# for guest-tests/test_dpdk_frontend.py). Optional: those tests skip without it.
-if dpkg-query -W -f='${Status}' dpdk 2>/dev/null | grep -q 'install ok installed' \
-    && command -v dpdk-testpmd >/dev/null; then
-    say "dpdk: present"
-elif apt-get install -y -q --no-install-recommends dpdk \
-    || { apt-get update -q && apt-get install -y -q --no-install-recommends dpdk; }; then
-    say "dpdk: installed"
+# 2b. DPDK (dpdk-testpmd, shipped in dpdk-dev: its net_virtio_user vdev is a second
+# vhost-user frontend for guest-tests/test_dpdk_frontend.py, its vhost PMD a backend
+# for scripts/bench.py). Optional: those tests skip without it.
+if command -v dpdk-testpmd >/dev/null; then
+    say "dpdk-testpmd: present"
+elif apt-get install -y -q --no-install-recommends dpdk-dev \
+    || { apt-get update -q && apt-get install -y -q --no-install-recommends dpdk-dev; }; then
+    say "dpdk-testpmd: installed (dpdk-dev)"
 else
-    say "WARNING: could not install dpdk; test_dpdk_frontend.py will skip"
+    say "WARNING: could not install dpdk-dev; test_dpdk_frontend.py will skip"
 fi
 
 # 3. Python test dependencies that apt may lack (none today; pip as fallback).
