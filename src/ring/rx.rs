@@ -90,9 +90,6 @@ pub fn write_frame<Q: QueueT + QueueOwnedT>(
 ) -> Result<usize, RxError> {
     let need = fmt.hdr_len + parts.iter().map(|p| p.len()).sum::<usize>();
     let max_chain = usize::from(q.size());
-    if !super::avail_in_range(q, mem) {
-        return Err(RxError::BadChain);
-    }
     scratch.descs.clear();
     scratch.chains.clear();
 

@@ -1,22 +1,28 @@
 //! RX back-pressure, in one place: what a full guest RX queue means. A guest's stall
-//! clock (how long its queue has been full), the wait a sender that can hold a frame
-//! (an uplink reader) grants before giving up, and the retry, which re-delivers to
-//! the destination already resolved without learning or classifying again.
+//! clock (how long its queue has been full), and the bounded deferral a sender that
+//! can hold frames (an uplink reader) keeps per destination: a frame for a full queue
+//! is copied aside and re-delivered to the destination already resolved, without
+//! learning or classifying again, while the reader goes on serving everyone else.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::deliver::{DeliverCtx, OnFull, Path};
 use super::vlan::ViewBuf;
 use super::{Endpoint, Switch};
-use crate::frame::Frame;
+use crate::frame::{Frame, GsoLayout};
+use crate::l2::{Mac, Tag};
 use crate::stats::DropReason;
+use crate::vnet_hdr::VirtioNetHdr;
 
-/// How long a guest may keep its RX queue full before senders stop waiting for it.
+/// How long a guest may keep its RX queue full before senders stop waiting for it;
+/// also the longest a frame is held for a full queue.
 pub const RX_STALL: Duration = Duration::from_millis(200);
-/// How long a holding sender sleeps between tries when no guest adds buffers.
-const RETRY_TICK: Duration = Duration::from_millis(10);
+/// Frames held for one destination; more are dropped (`rx_queue_full`).
+pub const HOLD_FRAMES: usize = 32;
+/// Bytes one sender holds for all destinations together.
+pub const HOLD_BYTES: usize = 2 << 20;
 
 /// How long one guest's RX queue has been full.
 pub struct StallClock {
@@ -50,50 +56,169 @@ impl StallClock {
         self.full_since.store(0, Relaxed);
     }
 
-    /// The guest has let its queue stay full for `RX_STALL` or more: senders that
-    /// could wait for room should not, so one guest that stops reading cannot hold
-    /// up traffic for the others.
+    /// The guest has let its queue stay full for `RX_STALL` or more: its frames are
+    /// dropped at once, so one guest that stops reading costs the others nothing.
     pub fn stalled(&self) -> bool {
         let since = self.full_since.load(Relaxed);
         since != 0 && self.now_ms().saturating_sub(since) >= RX_STALL.as_millis() as u64
     }
 }
 
-/// A generation bumped whenever any guest adds RX buffers; holding senders wait on it.
+/// A generation bumped whenever any guest adds RX buffers: a sender holding frames
+/// retries them when it moved.
 #[derive(Default)]
 pub struct RxRoom {
-    generation: Mutex<u64>,
-    changed: Condvar,
+    generation: AtomicU64,
 }
 
 impl RxRoom {
     /// Some guest added RX buffers.
     pub fn added(&self) {
-        *self.generation.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        self.changed.notify_all();
+        self.generation.fetch_add(1, Relaxed);
     }
 
     pub fn generation(&self) -> u64 {
-        *self.generation.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Waits until the generation moves past `seen`, or `timeout`.
-    pub fn wait(&self, seen: u64, timeout: Duration) {
-        let g = self.generation.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = self.changed.wait_timeout_while(g, timeout, |g| *g == seen);
+        self.generation.load(Relaxed)
     }
 }
 
-/// Forwards a frame from a sender that can hold it (an uplink reader): a unicast
-/// frame for a guest whose RX queue is full waits up to `RX_STALL` for that guest to
-/// add buffers, as a NIC with flow control would; the device's own queue absorbs what
-/// arrives meanwhile. Floods and stalled guests are not waited for.
+/// One frame held for a full queue: a private copy of the view its destination gets,
+/// and how many of its segments already went through.
+struct HeldFrame {
+    hdr: VirtioNetHdr,
+    bytes: Vec<u8>,
+    dst_mac: Mac,
+    src_mac: Mac,
+    tag: Tag,
+    gso: Option<GsoLayout>,
+    queue: usize,
+    sent: usize,
+    since: Instant,
+}
+
+impl HeldFrame {
+    fn copy(frame: &Frame, queue: usize, sent: usize) -> HeldFrame {
+        HeldFrame {
+            hdr: frame.hdr,
+            bytes: frame.parts.concat(),
+            dst_mac: frame.dst,
+            src_mac: frame.src,
+            tag: frame.tag,
+            gso: frame.gso,
+            queue,
+            sent,
+            since: Instant::now(),
+        }
+    }
+}
+
+/// The frames one sender holds, per destination, in arrival order; bounded by
+/// `HOLD_FRAMES` per destination and `HOLD_BYTES` in all.
+#[derive(Default)]
+pub struct Held {
+    by_dst: Vec<(Endpoint, VecDeque<HeldFrame>)>,
+    bytes: usize,
+    seen_room: u64,
+}
+
+impl Held {
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0 && self.by_dst.iter().all(|(_, q)| q.is_empty())
+    }
+
+    fn queue_of(&mut self, dst: Endpoint) -> &mut VecDeque<HeldFrame> {
+        let i = match self.by_dst.iter().position(|(e, _)| *e == dst) {
+            Some(i) => i,
+            None => {
+                self.by_dst.push((dst, VecDeque::new()));
+                self.by_dst.len() - 1
+            }
+        };
+        &mut self.by_dst[i].1
+    }
+
+    fn has_for(&self, dst: Endpoint) -> bool {
+        self.by_dst.iter().any(|(e, q)| *e == dst && !q.is_empty())
+    }
+
+    /// Holds a copy of `frame` for `dst`, or drops it (counted) when the bounds are
+    /// reached.
+    fn hold(&mut self, switch: &Switch, dst: Endpoint, frame: &Frame, queue: usize, sent: usize) {
+        let q_len = self.queue_of(dst).len();
+        if q_len >= HOLD_FRAMES || self.bytes + frame.len > HOLD_BYTES {
+            switch.count_drop(dst, DropReason::RxQueueFull);
+            return;
+        }
+        self.bytes += frame.len;
+        self.queue_of(dst)
+            .push_back(HeldFrame::copy(frame, queue, sent));
+    }
+
+    /// Re-delivers held frames, oldest first per destination, when some guest added
+    /// buffers since the last try; frames held longer than `RX_STALL` are dropped.
+    /// Never waits.
+    pub fn retry(&mut self, switch: &Switch, ctx: &mut DeliverCtx) {
+        if self.is_empty() {
+            return;
+        }
+        let room = switch.rx_room().generation();
+        let moved = room != self.seen_room;
+        self.seen_room = room;
+        let now = Instant::now();
+        for (dst, q) in self.by_dst.iter_mut() {
+            while let Some(h) = q.front_mut() {
+                if now.duration_since(h.since) >= RX_STALL {
+                    switch.count_drop(*dst, DropReason::RxQueueFull);
+                } else if moved {
+                    let parts = [&h.bytes[..]];
+                    let frame = Frame {
+                        hdr: h.hdr,
+                        parts: &parts,
+                        len: h.bytes.len(),
+                        dst: h.dst_mac,
+                        src: h.src_mac,
+                        tag: h.tag,
+                        gso: h.gso,
+                    };
+                    match switch.deliver_to(*dst, h.queue, &frame, ctx, OnFull::Return, h.sent) {
+                        Some(out) if out.path == Path::Dropped(DropReason::RxQueueFull) => {
+                            h.sent = out.sent;
+                            break;
+                        }
+                        _ => {}
+                    }
+                } else {
+                    break;
+                }
+                if let Some(done) = q.pop_front() {
+                    self.bytes -= done.bytes.len();
+                }
+            }
+        }
+    }
+
+    /// How long the sender may sleep: briefly while frames are held, else `idle`.
+    pub fn poll_timeout(&self, idle: Duration) -> Duration {
+        if self.is_empty() {
+            idle
+        } else {
+            Duration::from_millis(1)
+        }
+    }
+}
+
+/// Forwards a frame from a sender that can hold frames (an uplink reader). A unicast
+/// frame for a guest whose RX queue is full is held (`Held`) and re-delivered when
+/// the guest adds buffers, as a NIC with flow control would, for at most `RX_STALL`;
+/// frames behind it for the same guest wait their turn. Floods are never held, and
+/// holding one guest's frames never delays another's.
 pub fn forward_holding(
     switch: &Switch,
     src: Endpoint,
     queue: usize,
     frame: &Frame,
     ctx: &mut DeliverCtx,
+    held: &mut Held,
 ) {
     let mut views = ViewBuf::default();
     let Some(route) = switch.route(src, frame, &mut views) else {
@@ -103,19 +228,17 @@ pub fn forward_holding(
         switch.send(&route, queue, ctx, OnFull::Count);
         return;
     };
-    let deadline = Instant::now() + RX_STALL;
-    loop {
-        let seen = switch.rx_room().generation();
-        match switch.send(&route, queue, ctx, OnFull::Return) {
-            Some(Path::Dropped(DropReason::RxQueueFull)) if Instant::now() < deadline => {
-                ctx.flush();
-                switch.rx_room().wait(seen, RETRY_TICK);
-            }
-            Some(Path::Dropped(DropReason::RxQueueFull)) => {
-                switch.count_drop(dst, DropReason::RxQueueFull);
-                return;
-            }
-            _ => return,
+    let Some(view) = route.view(dst) else {
+        return;
+    };
+    if held.has_for(dst) {
+        // Keep the order: this frame goes after those already held for `dst`.
+        held.hold(switch, dst, view, queue, 0);
+        return;
+    }
+    if let Some(out) = switch.send(&route, queue, ctx, OnFull::Return) {
+        if out.path == Path::Dropped(DropReason::RxQueueFull) {
+            held.hold(switch, dst, view, queue, out.sent);
         }
     }
 }
@@ -142,18 +265,10 @@ mod tests {
     }
 
     #[test]
-    fn room_wakes_a_waiter() {
-        let r = std::sync::Arc::new(RxRoom::default());
-        let seen = r.generation();
-        let r2 = r.clone();
-        let t = std::thread::spawn(move || {
-            let t0 = Instant::now();
-            r2.wait(seen, Duration::from_secs(5));
-            t0.elapsed()
-        });
-        std::thread::sleep(Duration::from_millis(20));
+    fn room_generation_moves_when_buffers_are_added() {
+        let r = RxRoom::default();
+        let g = r.generation();
         r.added();
-        assert!(t.join().unwrap() < Duration::from_secs(5));
-        assert_eq!(r.generation(), seen + 1);
+        assert_eq!(r.generation(), g + 1);
     }
 }

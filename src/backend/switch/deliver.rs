@@ -140,19 +140,23 @@ fn count_drop(stats: &Counters, reason: DropReason, on_full: OnFull) {
     }
 }
 
-/// Delivers `frame` to `dst` through its queue `queue`.
+/// Delivers `frame` to `dst` through its queue `queue`. `skip`: frames of it an
+/// earlier attempt already delivered (segments of a partly delivered frame are never
+/// sent twice).
 pub fn deliver(
     frame: &Frame,
     dst: &dyn Destination,
     queue: usize,
     segmenter: &mut Segmenter,
     on_full: OnFull,
+    skip: usize,
 ) -> Outcome {
     let caps = dst.caps();
     let max = dst.max_burst();
     let stats = dst.stats();
     let path = choose(&frame.hdr, caps, max.is_some());
     match path {
+        Path::Intact if skip > 0 => Outcome { path, sent: skip },
         Path::Intact => {
             let hdr = rx_header(&frame.hdr, caps);
             match dst.send(queue, &hdr, frame.parts) {
@@ -184,10 +188,12 @@ pub fn deliver(
             let mut failed = None;
             let mut sent = 0;
             let layout = frame.gso.as_ref().map(|l| (&l.headers, &l.plan));
-            let r =
-                segmenter.segment_planned(&frame.hdr, layout, frame.parts, &opts, |seg| match dst
-                    .send(queue, &seg.vnet, seg.parts)
-                {
+            let r = segmenter.segment_planned(&frame.hdr, layout, frame.parts, &opts, |seg| {
+                if sent < skip {
+                    sent += 1;
+                    return true;
+                }
+                match dst.send(queue, &seg.vnet, seg.parts) {
                     Ok(()) => {
                         stats.rx(seg.len());
                         sent += 1;
@@ -197,7 +203,8 @@ pub fn deliver(
                         failed = Some(r);
                         false
                     }
-                });
+                }
+            });
             let path = match (r, failed) {
                 (_, Some(reason)) => {
                     count_drop(stats, reason, on_full);
@@ -410,7 +417,7 @@ mod tests {
                 };
                 let parts = [&c.bytes[..]];
                 let frame = crate::frame::validate::tx_frame(Caps::ALL, c.hdr, &parts).unwrap();
-                let out = deliver(&frame, &dst, 0, &mut segmenter, OnFull::Count);
+                let out = deliver(&frame, &dst, 0, &mut segmenter, OnFull::Count, 0);
                 let path = out.path;
                 assert_eq!(out.sent, dst.sent.borrow().len());
                 let want = expected(c.name, caps, max.is_some());
@@ -512,5 +519,67 @@ mod tests {
                 ..tso
             }
         );
+    }
+
+    /// Takes `room` frames, then reports a full queue.
+    struct Filling {
+        room: std::cell::Cell<usize>,
+        got: RefCell<Vec<Vec<u8>>>,
+        stats: Counters,
+    }
+
+    impl Destination for Filling {
+        fn caps(&self) -> Caps {
+            Caps::default()
+        }
+        fn max_burst(&self) -> Option<usize> {
+            None
+        }
+        fn send(&self, _: usize, _: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
+            if self.room.get() == 0 {
+                return Err(DropReason::RxQueueFull);
+            }
+            self.room.set(self.room.get() - 1);
+            self.got.borrow_mut().push(parts.concat());
+            Ok(())
+        }
+        fn stats(&self) -> &Counters {
+            &self.stats
+        }
+    }
+
+    #[test]
+    fn a_partly_delivered_frame_is_finished_without_duplicates() {
+        let (f, l4) = build(&FrameSpec {
+            payload: (0..10 * 1448).map(|i| i as u8).collect(),
+            ..Default::default()
+        });
+        let parts = [&f[..]];
+        let hdr = gso_hdr(GsoKind::TcpV4, 1448, l4, true);
+        let frame = crate::frame::validate::tx_frame(Caps::ALL, hdr, &parts).unwrap();
+        let dst = Filling {
+            room: std::cell::Cell::new(4),
+            got: RefCell::new(vec![]),
+            stats: Counters::default(),
+        };
+        let mut seg = Segmenter::new();
+        let first = deliver(&frame, &dst, 0, &mut seg, OnFull::Return, 0);
+        assert_eq!(first.path, Path::Dropped(DropReason::RxQueueFull));
+        assert_eq!(first.sent, 4);
+        // Not counted: the caller holds the frame and tries again.
+        assert!(dst.stats.snapshot().drops.is_empty());
+        dst.room.set(100);
+        let second = deliver(&frame, &dst, 0, &mut seg, OnFull::Return, first.sent);
+        assert_eq!((second.path, second.sent), (Path::Segmented, 10));
+        let got = dst.got.borrow();
+        assert_eq!(got.len(), 10, "every segment once");
+        let seqs: Vec<u32> = got
+            .iter()
+            .map(|s| u32::from_be_bytes(s[l4 + 4..l4 + 8].try_into().unwrap()))
+            .collect();
+        let mut sorted = seqs.clone();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 10, "{seqs:?}");
+        assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1448), "{seqs:?}");
     }
 }

@@ -20,7 +20,7 @@ use crate::frame::Frame;
 use crate::l2::{Domain, Mac, Vid};
 use crate::stats::{Counters, DropReason};
 use backpressure::RxRoom;
-use deliver::{deliver, DeliverCtx, Destination, OnFull, Path};
+use deliver::{deliver, DeliverCtx, Destination, OnFull, Outcome};
 use fdb::Fdb;
 use vlan::{classify, Attach, Ingress, ViewBuf};
 
@@ -77,7 +77,8 @@ impl<'a> Route<'a> {
         self.known
     }
 
-    fn view(&self, e: Endpoint) -> Option<&Frame<'a>> {
+    /// The view of the frame destination `e` gets.
+    pub fn view(&self, e: Endpoint) -> Option<&Frame<'a>> {
         match e {
             Endpoint::Port(_) => self.for_ports.as_ref(),
             Endpoint::Uplink(_) => self.for_uplinks.as_ref(),
@@ -231,15 +232,15 @@ impl Switch {
         queue: usize,
         ctx: &mut DeliverCtx,
         on_full: OnFull,
-    ) -> Option<Path> {
+    ) -> Option<Outcome> {
         match route.known {
             Some(dst) => route
                 .view(dst)
-                .and_then(|f| self.deliver_to(dst, queue, f, ctx, on_full)),
+                .and_then(|f| self.deliver_to(dst, queue, f, ctx, on_full, 0)),
             None => {
                 for e in self.flood_targets(route.src, route.domain) {
                     if let Some(f) = route.view(e) {
-                        self.deliver_to(e, queue, f, ctx, OnFull::Count);
+                        self.deliver_to(e, queue, f, ctx, OnFull::Count, 0);
                     }
                 }
                 None
@@ -256,26 +257,43 @@ impl Switch {
         }
     }
 
-    fn deliver_to(
+    /// Delivers `frame` (the view for `dst`) to the one destination `dst`, skipping
+    /// the first `skip` frames an earlier attempt delivered.
+    pub fn deliver_to(
         &self,
         dst: Endpoint,
         queue: usize,
         frame: &Frame,
         ctx: &mut DeliverCtx,
         on_full: OnFull,
-    ) -> Option<Path> {
+        skip: usize,
+    ) -> Option<Outcome> {
         match dst {
             Endpoint::Port(i) => {
                 let port = self.ports.get(i)?;
-                let out = deliver(frame, port.as_ref(), queue, &mut ctx.segmenter, on_full);
-                if out.sent > 0 {
+                let out = deliver(
+                    frame,
+                    port.as_ref(),
+                    queue,
+                    &mut ctx.segmenter,
+                    on_full,
+                    skip,
+                );
+                if out.sent > skip {
                     ctx.pending.rx_written(port, queue);
                 }
-                Some(out.path)
+                Some(out)
             }
             Endpoint::Uplink(i) => {
                 let up = self.uplinks.get(i)?;
-                Some(deliver(frame, up.as_ref(), queue, &mut ctx.segmenter, on_full).path)
+                Some(deliver(
+                    frame,
+                    up.as_ref(),
+                    queue,
+                    &mut ctx.segmenter,
+                    on_full,
+                    skip,
+                ))
             }
         }
     }

@@ -1,16 +1,17 @@
 //! The reader threads of an uplink, one per device queue: read a frame, parse it once
-//! into a typed frame, forward it (holding it for a full guest queue, see
+//! into a typed frame, forward it (holding frames for a full guest queue aside, see
 //! `backpressure`), and signal the guests written to once per batch.
 
 use std::io;
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 use tracing::{debug, error};
 
 use super::device::DeviceUplink;
 use super::UplinkDevice;
-use crate::backend::switch::backpressure::forward_holding;
+use crate::backend::switch::backpressure::{forward_holding, Held};
 use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::{Endpoint, Switch};
 use crate::frame::Frame;
@@ -20,6 +21,8 @@ use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
 /// Frames read from one queue before pending guest signals are flushed.
 const RX_BATCH: usize = 64;
+/// How long a reader with nothing held sleeps in poll (it wakes on frames anyway).
+const IDLE_POLL: Duration = Duration::from_secs(1);
 
 /// Starts one reader thread per device queue; `id` is the uplink's index in the switch.
 pub fn start<D: UplinkDevice>(
@@ -40,15 +43,18 @@ pub fn start<D: UplinkDevice>(
 fn read_loop<D: UplinkDevice>(up: &DeviceUplink<D>, id: usize, queue: usize, switch: &Switch) {
     let mut buf = vec![0u8; HDR_LEN + 65535 + 64];
     let mut ctx = DeliverCtx::default();
+    let mut held = Held::default();
     let fd = up.dev.fd(queue);
     loop {
+        held.retry(switch, &mut ctx);
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
         };
+        let timeout = held.poll_timeout(IDLE_POLL).as_millis() as libc::c_int;
         // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, 1000) };
+        let r = unsafe { libc::poll(&mut pfd, 1, timeout) };
         if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
             error!(uplink = %up.dev.name(), "poll failed: {}", io::Error::last_os_error());
             return;
@@ -68,7 +74,7 @@ fn read_loop<D: UplinkDevice>(up: &DeviceUplink<D>, id: usize, queue: usize, swi
                     break;
                 }
             };
-            handle_frame(up, id, queue, &buf[at], switch, &mut ctx);
+            handle_frame(up, id, queue, &buf[at], switch, &mut ctx, &mut held);
         }
         ctx.flush();
     }
@@ -82,6 +88,7 @@ fn handle_frame<D: UplinkDevice>(
     bytes: &[u8],
     switch: &Switch,
     ctx: &mut DeliverCtx,
+    held: &mut Held,
 ) {
     let hl = up.dev.hdr_len();
     if bytes.len() < hl + ETH_HDR_LEN {
@@ -98,7 +105,7 @@ fn handle_frame<D: UplinkDevice>(
     let parts = [&bytes[hl..]];
     up.stats.tx(bytes.len() - hl);
     match Frame::from_device(hdr, &parts) {
-        Ok(frame) => forward_holding(switch, Endpoint::Uplink(id), queue, &frame, ctx),
+        Ok(frame) => forward_holding(switch, Endpoint::Uplink(id), queue, &frame, ctx, held),
         Err(reason) => up.stats.drop(reason),
     }
 }

@@ -16,7 +16,7 @@ use crate::config::PortConfig;
 use crate::features::{self, Caps, FeatureMask, Negotiated};
 use crate::l2::Vid;
 use crate::ring::rx::{self, RxError, RxFormat, RxScratch};
-use crate::ring::GuestMem;
+use crate::ring::{avail_in_range, GuestMem};
 use crate::stats::{Counters, DropReason};
 use crate::vnet_hdr::VirtioNetHdr;
 
@@ -191,12 +191,14 @@ impl Port {
             mrg_rxbuf: neg.mrg_rxbuf,
             indirect: neg.indirect_desc,
         };
-        let r = rx::write_frame(state.get_queue_mut(), &mem, scratch, hdr, fmt, parts);
-        if matches!(r, Err(RxError::BadChain | RxError::ReadableDescriptor)) {
-            // A guest that posts malformed buffers is not written to again until its
-            // device is set up anew: every later frame costs O(1).
+        if !avail_in_range(state.get_queue(), &mem) {
+            // A ring whose avail index jumped is not written to again until its
+            // device is set up anew: every later frame costs O(1). (A single bad
+            // chain is consumed and counted; the queue goes on.)
             *broken = true;
+            return Err(RxError::BadChain);
         }
+        let r = rx::write_frame(state.get_queue_mut(), &mem, scratch, hdr, fmt, parts);
         if r == Err(RxError::NoBuffers) && neg.event_idx {
             // Ask the guest to kick when it adds buffers (avail_event = next_avail).
             let _ = state.enable_notification();
