@@ -1,9 +1,5 @@
-//! The kernel boundary: every syscall and ioctl gsonet makes, behind safe, typed
-//! functions. All of the crate's `unsafe` code lives here, bar one SIMD call in `segment::csum`.
-//!
-//! Each module owns one kind of descriptor: `tun` (tap queues), `packet` (AF_PACKET
-//! sockets), `netdev` (interfaces by name), `io` (plain reads, writes and polls on any
-//! fd) and `scm` (descriptor passing on a Unix stream).
+//! The kernel boundary: every syscall and ioctl gsonet makes, behind safe, typed functions:
+//! tap queues (`tun`), AF_PACKET sockets (`packet`), interfaces (`netdev`), fds (`io`, `scm`).
 
 // The one room allowed to call into libc; every block states its invariant.
 #![allow(unsafe_code)]
