@@ -1,6 +1,8 @@
 //! The gsonet command line: `serve` runs the backend, `stats` and `ctl` talk to a
 //! running one over its control socket.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

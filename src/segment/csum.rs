@@ -106,6 +106,9 @@ fn sum_ne(data: &[u8]) -> u64 {
     }
     #[cfg(target_arch = "x86_64")]
     if data.len() >= 128 && std::arch::is_x86_feature_detected!("avx2") {
+        // The crate's one `unsafe` outside `sys`: calling a `target_feature` function
+        // needs it, and the checksum is the hottest loop of software segmentation.
+        #[allow(unsafe_code)]
         // SAFETY: the CPU supports AVX2, checked just above.
         return unsafe { sum_ne_avx2(data) };
     }

@@ -8,33 +8,15 @@
 
 #![allow(dead_code)]
 
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::io::{self, IoSliceMut};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use gsonet::sys::{io::poll_readable, netdev, packet::Socket};
 use gsonet::vnet_hdr::{GsoType, VirtioNetHdr};
 
-const ETH_P_ALL: u16 = 0x0003;
-const SOL_PACKET: libc::c_int = 263;
-const PACKET_VNET_HDR: libc::c_int = 15;
-const PACKET_AUXDATA: libc::c_int = 8;
-const TP_STATUS_VLAN_VALID: u32 = 0x10;
-const TP_STATUS_VLAN_TPID_VALID: u32 = 0x40;
-
-/// struct tpacket_auxdata.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct AuxData {
-    status: u32,
-    len: u32,
-    snaplen: u32,
-    mac: u16,
-    net: u16,
-    vlan_tci: u16,
-    vlan_tpid: u16,
-}
-pub const PACKET_OUTGOING: u8 = 4;
+pub const PACKET_OUTGOING: u8 = libc::PACKET_OUTGOING;
 /// struct virtio_net_hdr as packet sockets use it (no num_buffers).
 pub const PKT_VNET_LEN: usize = 10;
 
@@ -67,120 +49,41 @@ impl Seen {
 }
 
 pub struct PacketSock {
-    fd: OwnedFd,
-    ifindex: i32,
+    sock: Socket,
     vnet: bool,
-}
-
-fn ifindex(name: &str) -> io::Result<i32> {
-    let c = std::ffi::CString::new(name).map_err(io::Error::other)?;
-    // SAFETY: valid NUL-terminated string.
-    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if i == 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(i as i32)
-    }
-}
-
-fn sockaddr(ifindex: i32) -> libc::sockaddr_ll {
-    // SAFETY: all-zero is a valid sockaddr_ll.
-    let mut a: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    a.sll_family = libc::AF_PACKET as u16;
-    a.sll_protocol = ETH_P_ALL.to_be();
-    a.sll_ifindex = ifindex;
-    a.sll_halen = 6;
-    a
-}
-
-fn setsockopt_int(fd: i32, level: i32, name: i32, v: i32) -> io::Result<()> {
-    // SAFETY: passes a pointer to a live int of the given size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            &v as *const i32 as *const libc::c_void,
-            std::mem::size_of::<i32>() as u32,
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }
 
 impl PacketSock {
     /// Binds to interface `name`; `vnet`: exchange a 10-byte virtio_net_hdr with
     /// every frame (PACKET_VNET_HDR).
     pub fn bind(name: &str, vnet: bool) -> Result<PacketSock> {
-        let idx = ifindex(name)?;
-        // SAFETY: plain socket call.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                ETH_P_ALL.to_be() as i32,
-            )
-        };
-        if fd < 0 {
-            bail!("AF_PACKET socket: {}", io::Error::last_os_error());
-        }
-        // SAFETY: fresh fd we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let raw = fd.as_raw_fd();
+        let idx = netdev::index(name)?;
+        let sock = Socket::open(false).map_err(|e| anyhow::anyhow!("AF_PACKET socket: {e}"))?;
         if vnet {
-            setsockopt_int(raw, SOL_PACKET, PACKET_VNET_HDR, 1)?;
+            sock.enable_vnet_hdr()?;
         }
-        setsockopt_int(raw, SOL_PACKET, PACKET_AUXDATA, 1)?;
+        sock.enable_auxdata()?;
         // Room for many 64 KiB frames (root may exceed rmem_max).
-        let _ = setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 32 << 20);
-        let _ = setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 4 << 20);
-        let a = sockaddr(idx);
-        // SAFETY: binds to a valid sockaddr_ll.
-        let r = unsafe {
-            libc::bind(
-                raw,
-                &a as *const libc::sockaddr_ll as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        if r < 0 {
-            bail!("bind AF_PACKET to {name}: {}", io::Error::last_os_error());
+        let _ = sock.set_recv_buffer(32 << 20);
+        let _ = sock.set_send_buffer(4 << 20);
+        if let Err(e) = sock.bind(idx) {
+            bail!("bind AF_PACKET to {name}: {e}");
         }
-        Ok(PacketSock {
-            fd,
-            ifindex: idx,
-            vnet,
-        })
+        Ok(PacketSock { sock, vnet })
     }
 
     /// Sends `frame` out of the interface (towards gsonet). With PACKET_VNET_HDR,
     /// `hdr` describes it (GSO, partial checksum); otherwise it is ignored.
     pub fn send(&self, hdr: &VirtioNetHdr, frame: &[u8]) -> Result<()> {
-        let mut buf = Vec::with_capacity(PKT_VNET_LEN + frame.len());
-        if self.vnet {
-            buf.extend_from_slice(&hdr.to_bytes()[..PKT_VNET_LEN]);
-        }
-        buf.extend_from_slice(frame);
-        let a = sockaddr(self.ifindex);
-        // SAFETY: sends from a live buffer to a valid address.
-        let n = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                buf.as_ptr() as *const libc::c_void,
-                buf.len(),
-                0,
-                &a as *const libc::sockaddr_ll as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
+        let hb = hdr.to_bytes();
+        let vnet: &[u8] = if self.vnet { &hb[..PKT_VNET_LEN] } else { &[] };
+        let want = vnet.len() + frame.len();
+        let n = match self.sock.send(&[vnet, frame]) {
+            Ok(n) => n,
+            Err(e) => bail!("AF_PACKET send: {e}"),
         };
-        if n < 0 {
-            bail!("AF_PACKET send: {}", io::Error::last_os_error());
-        }
-        if n as usize != buf.len() {
-            bail!("AF_PACKET short send {n} of {}", buf.len());
+        if n != want {
+            bail!("AF_PACKET short send {n} of {want}");
         }
         Ok(())
     }
@@ -191,79 +94,21 @@ impl PacketSock {
         let mut buf = vec![0u8; 70000 + PKT_VNET_LEN];
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let mut pfd = libc::pollfd {
-                fd: self.fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
+            match poll_readable(self.sock.as_fd(), left) {
+                Ok(true) => {}
+                Ok(false) => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => bail!("poll: {e}"),
+            }
+            let got = match self.sock.recv(&mut [IoSliceMut::new(&mut buf)]) {
+                Ok(got) => got,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => bail!("recvfrom: {e}"),
             };
-            // SAFETY: one valid pollfd.
-            let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis() as i32) };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                bail!("poll: {e}");
+            if got.truncated {
+                bail!("frame of more than {} bytes truncated", buf.len());
             }
-            if r == 0 {
-                return Ok(None);
-            }
-            // SAFETY: all-zero is a valid sockaddr_ll.
-            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            let mut iov = libc::iovec {
-                iov_base: buf.as_mut_ptr() as *mut libc::c_void,
-                iov_len: buf.len(),
-            };
-            let mut cbuf = [0u64; 16];
-            // SAFETY: all-zero is a valid msghdr.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_name = &mut from as *mut libc::sockaddr_ll as *mut libc::c_void;
-            msg.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-            msg.msg_controllen = std::mem::size_of_val(&cbuf);
-            // SAFETY: receives into live buffers of the given sizes.
-            let n = unsafe {
-                libc::recvmsg(
-                    self.fd.as_raw_fd(),
-                    &mut msg,
-                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
-                )
-            };
-            let mut vlan = None;
-            if n >= 0 {
-                // SAFETY: walks the control messages the kernel wrote into `cbuf`.
-                unsafe {
-                    let mut c = libc::CMSG_FIRSTHDR(&msg);
-                    while !c.is_null() {
-                        if (*c).cmsg_level == SOL_PACKET && (*c).cmsg_type == PACKET_AUXDATA {
-                            let aux: AuxData =
-                                std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const AuxData);
-                            if aux.status & TP_STATUS_VLAN_VALID != 0 {
-                                let tpid = if aux.status & TP_STATUS_VLAN_TPID_VALID != 0 {
-                                    aux.vlan_tpid
-                                } else {
-                                    0x8100
-                                };
-                                vlan = Some((tpid, aux.vlan_tci));
-                            }
-                        }
-                        c = libc::CMSG_NXTHDR(&msg, c);
-                    }
-                }
-            }
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::WouldBlock {
-                    continue;
-                }
-                bail!("recvfrom: {e}");
-            }
-            let n = n as usize;
-            if n > buf.len() {
-                bail!("frame of {n} bytes truncated");
-            }
+            let n = got.len;
             let (vnet, frame) = if self.vnet {
                 if n < PKT_VNET_LEN {
                     bail!("{n} bytes: shorter than the vnet header");
@@ -277,10 +122,10 @@ impl PacketSock {
                 (None, buf[..n].to_vec())
             };
             return Ok(Some(Seen {
-                pkttype: from.sll_pkttype,
+                pkttype: got.pkttype,
                 vnet,
                 frame,
-                vlan,
+                vlan: got.vlan.map(|v| (v.tpid, v.tci)),
             }));
         }
     }

@@ -9,7 +9,7 @@ pub mod reader;
 pub mod tap;
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 
 use crate::backend::switch::SwitchUplink;
 use crate::config::GsoMode;
@@ -32,7 +32,8 @@ pub trait UplinkDevice: Send + Sync + 'static {
     /// Short prefix for thread names ("tap", "pkt").
     fn thread_prefix(&self) -> &'static str;
     fn queues(&self) -> usize;
-    fn fd(&self, queue: usize) -> RawFd;
+    /// The fd the reader of `queue` polls.
+    fn fd(&self, queue: usize) -> BorrowedFd<'_>;
     /// Length of the virtio_net_hdr in front of every frame: 12, or 10 for an
     /// AF_PACKET socket on a kernel without PACKET_VNET_HDR_SZ.
     fn hdr_len(&self) -> usize;
@@ -40,26 +41,8 @@ pub trait UplinkDevice: Send + Sync + 'static {
     /// `Ok(None)`: a frame to skip (one we sent ourselves); `WouldBlock` when the
     /// queue is empty.
     fn recv(&self, queue: usize, buf: &mut [u8]) -> io::Result<Option<std::ops::Range<usize>>>;
-    /// Writes one frame (header first) with a single writev.
+    /// Writes one frame (header first) with a single writev (`sys::io::writev`).
     fn send(&self, queue: usize, iov: &[&[u8]]) -> io::Result<usize>;
     /// Tells the device which offloads the guests behind it accept.
     fn set_offload(&self, caps: Caps) -> Result<Caps, String>;
-}
-
-/// Writes `iov` to `fd` with one writev (tap and packet sockets alike).
-pub fn writev(fd: RawFd, iov: &[&[u8]]) -> io::Result<usize> {
-    let iovs: Vec<libc::iovec> = iov
-        .iter()
-        .map(|s| libc::iovec {
-            iov_base: s.as_ptr() as *mut libc::c_void,
-            iov_len: s.len(),
-        })
-        .collect();
-    // SAFETY: every iovec points into a live slice for the duration of the call.
-    let n = unsafe { libc::writev(fd, iovs.as_ptr(), iovs.len() as libc::c_int) };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
 }

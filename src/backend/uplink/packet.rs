@@ -13,38 +13,23 @@
 //!   reaches one of them.
 //! - PACKET_QDISC_BYPASS (`bypass=on`) hands our frames straight to the driver queue.
 
-use std::ffi::CString;
-use std::io;
-use std::mem;
+use std::io::{self, IoSliceMut};
 use std::ops::Range;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use thiserror::Error;
 use tracing::{debug, warn};
 
-use super::{writev, UplinkDevice};
+use super::UplinkDevice;
 use crate::features::Caps;
+use crate::sys::netdev::{self, IfFlags};
+use crate::sys::packet::Socket;
 use crate::vnet_hdr::{HDR_LEN, LEGACY_HDR_LEN};
 
-// <linux/if_packet.h>, <linux/if_ether.h>: stable ABI values.
-const SOL_PACKET: libc::c_int = 263;
-const PACKET_ADD_MEMBERSHIP: libc::c_int = 1;
-const PACKET_AUXDATA: libc::c_int = 8;
-const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
-const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
 /// Room kept in front of a received frame to put back a VLAN tag the kernel took off.
 const TAG: usize = 4;
-const PACKET_VNET_HDR: libc::c_int = 15;
-const PACKET_FANOUT: libc::c_int = 18;
-const PACKET_QDISC_BYPASS: libc::c_int = 20;
-const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
-const PACKET_VNET_HDR_SZ: libc::c_int = 24;
-const PACKET_MR_PROMISC: libc::c_ushort = 1;
-const PACKET_FANOUT_HASH: u32 = 0;
-const PACKET_OUTGOING: u8 = 4;
-const ETH_P_ALL: u16 = 0x0003;
 /// Socket buffers: a few 64 KiB frames in flight are not enough.
-const SOCK_BUF: libc::c_int = 4 << 20;
+const SOCK_BUF: usize = 4 << 20;
 
 #[derive(Debug, Error)]
 pub enum PacketError {
@@ -65,60 +50,12 @@ pub enum PacketError {
     },
 }
 
-#[repr(C)]
-struct PacketMreq {
-    mr_ifindex: libc::c_int,
-    mr_type: libc::c_ushort,
-    mr_alen: libc::c_ushort,
-    mr_address: [u8; 8],
-}
-
 /// AF_PACKET sockets on one interface: one per queue.
 pub struct PacketSocket {
     name: String,
     ifindex: i32,
     hdr_len: usize,
-    socks: Vec<OwnedFd>,
-}
-
-fn setsockopt<T>(fd: RawFd, level: libc::c_int, opt: libc::c_int, val: &T) -> io::Result<()> {
-    // SAFETY: `val` is a live value of the size we pass.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            opt,
-            val as *const T as *const libc::c_void,
-            mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-/// The interface's flags (SIOCGIFFLAGS), to warn when it is down.
-fn if_flags(name: &str) -> io::Result<libc::c_short> {
-    // SAFETY: plain socket() call; OwnedFd closes it.
-    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if s < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `s` is a fresh fd we own.
-    let sock = unsafe { OwnedFd::from_raw_fd(s) };
-    // SAFETY: an all-zero ifreq is valid.
-    let mut req: libc::ifreq = unsafe { mem::zeroed() };
-    for (d, b) in req.ifr_name.iter_mut().zip(name.bytes()) {
-        *d = b as libc::c_char;
-    }
-    // SAFETY: SIOCGIFFLAGS reads and writes an ifreq.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
-    Ok(unsafe { req.ifr_ifru.ifru_flags })
+    socks: Vec<Socket>,
 }
 
 impl PacketSocket {
@@ -134,15 +71,11 @@ impl PacketSocket {
         bypass: bool,
         legacy: bool,
     ) -> Result<PacketSocket, PacketError> {
-        if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains('\0') {
+        if !netdev::valid_name(name) {
             return Err(PacketError::BadName(name.to_string()));
         }
-        let c = CString::new(name).map_err(|_| PacketError::BadName(name.to_string()))?;
-        // SAFETY: c is a valid NUL-terminated string.
-        let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) } as i32;
-        if ifindex == 0 {
-            return Err(PacketError::NoSuchInterface(name.to_string()));
-        }
+        let ifindex =
+            netdev::index(name).map_err(|_| PacketError::NoSuchInterface(name.to_string()))?;
         let queues = queues.max(1);
         let mut s = PacketSocket {
             name: name.to_string(),
@@ -151,13 +84,13 @@ impl PacketSocket {
             socks: Vec::with_capacity(queues),
         };
         // A fanout group id unique to this process and interface.
-        let group = (std::process::id() ^ (ifindex as u32).rotate_left(8)) & 0xffff;
+        let group = (std::process::id() ^ (ifindex as u32).rotate_left(8)) as u16;
         for _ in 0..queues {
-            let fd = s.open_one(bypass, (queues > 1).then_some(group), legacy)?;
-            s.socks.push(fd);
+            let sock = s.open_one(bypass, (queues > 1).then_some(group), legacy)?;
+            s.socks.push(sock);
         }
-        match if_flags(name) {
-            Ok(f) if f & libc::IFF_UP as libc::c_short == 0 => {
+        match netdev::flags(name) {
+            Ok(f) if !f.contains(IfFlags::UP) => {
                 warn!(dev = name, "interface is down: frames sent to it are dropped until `ip link set {name} up`")
             }
             Ok(_) => {}
@@ -183,36 +116,22 @@ impl PacketSocket {
     fn open_one(
         &mut self,
         bypass: bool,
-        fanout: Option<u32>,
+        fanout: Option<u16>,
         legacy: bool,
-    ) -> Result<OwnedFd, PacketError> {
+    ) -> Result<Socket, PacketError> {
         // Protocol 0: nothing is queued to the socket before it is bound below.
-        // SAFETY: plain socket() call; OwnedFd closes it.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-            )
-        };
-        if raw < 0 {
-            return Err(PacketError::Socket(io::Error::last_os_error()));
-        }
-        // SAFETY: `raw` is a fresh fd we own.
-        let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-        let fd = sock.as_raw_fd();
+        let sock = Socket::open(true).map_err(PacketError::Socket)?;
 
         // The 12-byte header where the kernel can (6.2+), else the legacy 10 bytes.
-        let want = HDR_LEN as libc::c_int;
         let sz = if legacy {
             Err(io::Error::from_raw_os_error(libc::ENOPROTOOPT))
         } else {
-            setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR_SZ, &want)
+            sock.set_vnet_hdr_len(HDR_LEN)
         };
         match sz {
             Ok(()) => self.hdr_len = HDR_LEN,
             Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {
-                setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR, &(1 as libc::c_int))
+                sock.enable_vnet_hdr()
                     .map_err(|e| self.err("PACKET_VNET_HDR", e))?;
                 if self.hdr_len != LEGACY_HDR_LEN {
                     debug!(dev = %self.name, "no PACKET_VNET_HDR_SZ: using the 10-byte virtio_net_hdr");
@@ -223,62 +142,32 @@ impl PacketSocket {
         }
         // Skip our own (and the host's) outgoing frames in the kernel (4.20+); `recv`
         // checks sll_pkttype as well.
-        if let Err(e) = setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &(1 as libc::c_int)) {
+        if let Err(e) = sock.ignore_outgoing() {
             debug!(dev = %self.name, "PACKET_IGNORE_OUTGOING: {e}");
         }
         // VLAN tags the kernel takes off on receive come back through PACKET_AUXDATA.
-        setsockopt(fd, SOL_PACKET, PACKET_AUXDATA, &(1 as libc::c_int))
+        sock.enable_auxdata()
             .map_err(|e| self.err("PACKET_AUXDATA", e))?;
         if bypass {
-            setsockopt(fd, SOL_PACKET, PACKET_QDISC_BYPASS, &(1 as libc::c_int))
+            sock.bypass_qdisc()
                 .map_err(|e| self.err("PACKET_QDISC_BYPASS", e))?;
         }
-        for (force, plain) in [
-            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
-            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
-        ] {
-            if setsockopt(fd, libc::SOL_SOCKET, force, &SOCK_BUF).is_err() {
-                let _ = setsockopt(fd, libc::SOL_SOCKET, plain, &SOCK_BUF);
-            }
-        }
+        let _ = sock.set_send_buffer(SOCK_BUF);
+        let _ = sock.set_recv_buffer(SOCK_BUF);
 
-        // SAFETY: an all-zero sockaddr_ll is valid.
-        let mut sll: libc::sockaddr_ll = unsafe { mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as libc::c_ushort;
-        sll.sll_protocol = ETH_P_ALL.to_be();
-        sll.sll_ifindex = self.ifindex;
-        // SAFETY: binds to a sockaddr_ll of the size we pass.
-        let r = unsafe {
-            libc::bind(
-                fd,
-                &sll as *const libc::sockaddr_ll as *const libc::sockaddr,
-                mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            return Err(self.err("bind", io::Error::last_os_error()));
-        }
-
-        let mreq = PacketMreq {
-            mr_ifindex: self.ifindex,
-            mr_type: PACKET_MR_PROMISC,
-            mr_alen: 0,
-            mr_address: [0; 8],
-        };
-        setsockopt(fd, SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mreq)
+        sock.bind(self.ifindex).map_err(|e| self.err("bind", e))?;
+        sock.add_promisc_membership(self.ifindex)
             .map_err(|e| self.err("PACKET_ADD_MEMBERSHIP (promiscuous)", e))?;
-
         if let Some(group) = fanout {
             // Joining a fanout group needs a bound socket.
-            let arg = (group | (PACKET_FANOUT_HASH << 16)) as libc::c_int;
-            setsockopt(fd, SOL_PACKET, PACKET_FANOUT, &arg)
+            sock.join_fanout_hash(group)
                 .map_err(|e| self.err("PACKET_FANOUT", e))?;
         }
         Ok(sock)
     }
 
-    fn sock(&self, queue: usize) -> RawFd {
-        self.socks[queue % self.socks.len()].as_raw_fd()
+    fn sock(&self, queue: usize) -> &Socket {
+        &self.socks[queue % self.socks.len()]
     }
 }
 
@@ -295,8 +184,8 @@ impl UplinkDevice for PacketSocket {
         self.socks.len()
     }
 
-    fn fd(&self, queue: usize) -> RawFd {
-        self.sock(queue)
+    fn fd(&self, queue: usize) -> BorrowedFd<'_> {
+        self.sock(queue).as_fd()
     }
 
     fn hdr_len(&self) -> usize {
@@ -314,44 +203,22 @@ impl UplinkDevice for PacketSocket {
         }
         let (front, rest) = buf.split_at_mut(TAG + head + TAG);
         let mut iov = [
-            libc::iovec {
-                iov_base: front[TAG..].as_mut_ptr().cast(),
-                iov_len: head,
-            },
-            libc::iovec {
-                iov_base: rest.as_mut_ptr().cast(),
-                iov_len: rest.len(),
-            },
+            IoSliceMut::new(&mut front[TAG..TAG + head]),
+            IoSliceMut::new(rest),
         ];
-        let mut cbuf = [0u64; 8]; // room for one tpacket_auxdata message
-                                  // SAFETY: all-zero sockaddr_ll and msghdr are valid.
-        let mut sll: libc::sockaddr_ll = unsafe { mem::zeroed() };
-        // SAFETY: as above.
-        let mut msg: libc::msghdr = unsafe { mem::zeroed() };
-        msg.msg_name = &mut sll as *mut libc::sockaddr_ll as *mut libc::c_void;
-        msg.msg_namelen = mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-        msg.msg_iov = iov.as_mut_ptr();
-        msg.msg_iovlen = 2;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = mem::size_of_val(&cbuf);
-        // SAFETY: msg points at live buffers of the lengths given.
-        let n = unsafe { libc::recvmsg(self.sock(queue), &mut msg, libc::MSG_DONTWAIT) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let n = n as usize;
-        if sll.sll_pkttype == PACKET_OUTGOING {
+        let got = self.sock(queue).recv(&mut iov)?;
+        if got.outgoing() {
             return Ok(None);
         }
-        if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        if got.truncated {
             // Larger than 64 KiB (BIG TCP GRO, jumbo GSO): we cannot carry it.
             return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
         }
-        let vlan = aux_vlan(&msg);
-        match vlan {
-            Some((tpid, tci)) if n >= head => {
-                buf[TAG + head..TAG + head + 2].copy_from_slice(&tpid.to_be_bytes());
-                buf[TAG + head + 2..TAG + head + 4].copy_from_slice(&tci.to_be_bytes());
+        let n = got.len;
+        match got.vlan {
+            Some(vlan) if n >= head => {
+                buf[TAG + head..TAG + head + 2].copy_from_slice(&vlan.tpid.to_be_bytes());
+                buf[TAG + head + 2..TAG + head + 4].copy_from_slice(&vlan.tci.to_be_bytes());
                 shift_csum(&mut buf[TAG..TAG + self.hdr_len]);
                 Ok(Some(TAG..TAG + n + TAG))
             }
@@ -364,7 +231,7 @@ impl UplinkDevice for PacketSocket {
 
     fn send(&self, queue: usize, iov: &[&[u8]]) -> io::Result<usize> {
         // A bound packet socket sends to its interface without an address.
-        writev(self.sock(queue), iov)
+        self.sock(queue).send(iov)
     }
 
     fn set_offload(&self, caps: Caps) -> Result<Caps, String> {
@@ -374,31 +241,6 @@ impl UplinkDevice for PacketSocket {
         debug!(dev = %self.name, ?caps, "guests' offloads noted (not programmable on AF_PACKET)");
         Ok(caps)
     }
-}
-
-/// The VLAN tag (TPID, TCI) PACKET_AUXDATA reports for a received frame, if any.
-fn aux_vlan(msg: &libc::msghdr) -> Option<(u16, u16)> {
-    // SAFETY: walking the control messages the kernel wrote into msg's buffer.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == SOL_PACKET && (*c).cmsg_type == PACKET_AUXDATA {
-                let aux =
-                    std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::tpacket_auxdata);
-                if aux.tp_status & TP_STATUS_VLAN_VALID == 0 {
-                    return None;
-                }
-                let tpid = if aux.tp_status & TP_STATUS_VLAN_TPID_VALID != 0 {
-                    aux.tp_vlan_tpid
-                } else {
-                    0x8100
-                };
-                return Some((tpid, aux.tp_vlan_tci));
-            }
-            c = libc::CMSG_NXTHDR(msg, c);
-        }
-    }
-    None
 }
 
 /// A tag put back in front of the L3 header moves the checksum start by 4 (and a
@@ -456,8 +298,7 @@ mod tests {
 
     #[test]
     fn opens_loopback_with_a_vnet_header() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if !crate::sys::is_root() {
             eprintln!("skipped: needs root");
             return;
         }
@@ -471,8 +312,7 @@ mod tests {
     /// the frame bytes must come out where they went in.
     #[test]
     fn legacy_and_12_byte_headers_interoperate() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if !crate::sys::is_root() {
             eprintln!("skipped: needs root");
             return;
         }

@@ -17,12 +17,13 @@ use crate::backend::switch::{Endpoint, Switch};
 use crate::frame::Frame;
 use crate::l2::ETH_HDR_LEN;
 use crate::stats::DropReason;
+use crate::sys::io::poll_readable;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
 /// Frames read from one queue before pending guest signals are flushed.
 const RX_BATCH: usize = 64;
-/// How long a reader with nothing held sleeps in poll (it wakes on frames anyway).
-const IDLE_POLL: Duration = Duration::from_secs(1);
+/// Longest wait for a frame, with nothing held, before the queue is tried anyway.
+const POLL_WAIT: Duration = Duration::from_secs(1);
 
 /// Starts one reader thread per device queue; `id` is the uplink's index in the switch.
 pub fn start<D: UplinkDevice>(
@@ -47,17 +48,12 @@ fn read_loop<D: UplinkDevice>(up: &DeviceUplink<D>, id: usize, queue: usize, swi
     let fd = up.dev.fd(queue);
     loop {
         held.retry(switch, &mut ctx);
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let timeout = held.poll_timeout(IDLE_POLL).as_millis() as libc::c_int;
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, timeout) };
-        if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            error!(uplink = %up.dev.name(), "poll failed: {}", io::Error::last_os_error());
-            return;
+        match poll_readable(fd, held.poll_timeout(POLL_WAIT)) {
+            Err(e) if e.kind() != io::ErrorKind::Interrupted => {
+                error!(uplink = %up.dev.name(), "poll failed: {e}");
+                return;
+            }
+            _ => {}
         }
         for _ in 0..RX_BATCH {
             let at = match up.dev.recv(queue, &mut buf) {

@@ -6,12 +6,14 @@
 //! other message passes through unchanged, file descriptors included.
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::thread;
 
 use tracing::debug;
+
+use crate::sys::scm;
 
 const HDR: usize = 12;
 const SET_FEATURES: u32 = 2;
@@ -43,46 +45,12 @@ impl Msg {
 /// Reads one message; Ok(None) at end of stream.
 fn recv(s: &mut UnixStream) -> io::Result<Option<Msg>> {
     let mut hdr = [0u8; HDR];
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space =
-        unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
-    let mut cbuf = vec![0u64; space.div_ceil(8)];
-    let mut iov = libc::iovec {
-        iov_base: hdr.as_mut_ptr().cast(),
-        iov_len: HDR,
-    };
-    // SAFETY: msghdr is plain data; every pointer set below outlives the call.
-    let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
-    mh.msg_iov = &mut iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = cbuf.as_mut_ptr().cast();
-    mh.msg_controllen = space;
-    // SAFETY: mh describes valid buffers.
-    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut mh, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let (n, fds) = scm::recv_with_fds(s, &mut hdr, MAX_FDS)?;
     if n == 0 {
         return Ok(None);
     }
-    let mut fds = Vec::new();
-    // SAFETY: walking the control messages the kernel wrote into cbuf.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&mh);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c) as *const RawFd;
-                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
-                    / std::mem::size_of::<RawFd>();
-                for i in 0..count {
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&mh, c);
-        }
-    }
-    if (n as usize) < HDR {
-        s.read_exact(&mut hdr[n as usize..])?;
+    if n < HDR {
+        s.read_exact(&mut hdr[n..])?;
     }
     let size = u32::from_le_bytes([hdr[8], hdr[9], hdr[10], hdr[11]]) as usize;
     if size > MAX_PAYLOAD {
@@ -101,46 +69,10 @@ fn send(s: &UnixStream, m: &Msg) -> io::Result<()> {
     let mut bytes = Vec::with_capacity(HDR + m.payload.len());
     bytes.extend_from_slice(&m.hdr);
     bytes.extend_from_slice(&m.payload);
-    let raw: Vec<RawFd> = m.fds.iter().map(|f| f.as_raw_fd()).collect();
-    let fd_bytes = std::mem::size_of_val(raw.as_slice());
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = if raw.is_empty() {
-        0
-    } else {
-        (unsafe { libc::CMSG_SPACE(fd_bytes as u32) }) as usize
-    };
-    let mut cbuf = vec![0u64; space.div_ceil(8)];
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_mut_ptr().cast(),
-        iov_len: bytes.len(),
-    };
-    // SAFETY: plain data, pointers valid for the call.
-    let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
-    mh.msg_iov = &mut iov;
-    mh.msg_iovlen = 1;
-    if !raw.is_empty() {
-        mh.msg_control = cbuf.as_mut_ptr().cast();
-        mh.msg_controllen = space;
-        // SAFETY: the control buffer has room for one SCM_RIGHTS message of raw.len() fds.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&mh);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as usize;
-            std::ptr::copy_nonoverlapping(
-                raw.as_ptr(),
-                libc::CMSG_DATA(c) as *mut RawFd,
-                raw.len(),
-            );
-        }
-    }
-    // SAFETY: mh describes valid buffers.
-    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &mh, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if (n as usize) < bytes.len() {
-        (&*s).write_all(&bytes[n as usize..])?;
+    let fds: Vec<BorrowedFd<'_>> = m.fds.iter().map(|f| f.as_fd()).collect();
+    let n = scm::send_with_fds(s, &bytes, &fds)?;
+    if n < bytes.len() {
+        (&*s).write_all(&bytes[n..])?;
     }
     Ok(())
 }

@@ -1,0 +1,114 @@
+//! Network interfaces by name: validity, index (if_nametoindex) and flags
+//! (SIOCGIFFLAGS/SIOCSIFFLAGS through a short-lived AF_INET datagram socket).
+
+use std::ffi::CString;
+use std::io;
+use std::mem;
+use std::ops::BitOr;
+use std::os::fd::{FromRawFd, OwnedFd};
+
+use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_ref};
+
+use super::check;
+
+/// Whether `name` fits an interface name: 1 to IFNAMSIZ-1 bytes, no NUL.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() < libc::IFNAMSIZ && !name.contains('\0')
+}
+
+/// An `ifreq` naming `name`, everything else zero; InvalidInput for a bad name.
+pub(super) fn ifreq(name: &str) -> io::Result<libc::ifreq> {
+    if !valid_name(name) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("bad interface name {name:?}"),
+        ));
+    }
+    // SAFETY: ifreq is plain C data (a name array and a union of integers and
+    // addresses) for which all-zero bytes are a valid value.
+    let mut req: libc::ifreq = unsafe { mem::zeroed() };
+    for (d, b) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = b as libc::c_char;
+    }
+    Ok(req)
+}
+
+/// The index of interface `name`; an error (ENODEV) when there is none.
+pub fn index(name: &str) -> io::Result<i32> {
+    let c = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `c` is a NUL-terminated string that outlives the call.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if i == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    i32::try_from(i).map_err(|_| io::Error::from_raw_os_error(libc::ERANGE))
+}
+
+/// Interface flags (IFF_UP and friends) as SIOCGIFFLAGS reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IfFlags(libc::c_short);
+
+impl IfFlags {
+    pub const UP: IfFlags = IfFlags(libc::IFF_UP as libc::c_short);
+
+    pub fn contains(self, other: IfFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for IfFlags {
+    type Output = IfFlags;
+    fn bitor(self, rhs: IfFlags) -> IfFlags {
+        IfFlags(self.0 | rhs.0)
+    }
+}
+
+/// A datagram socket to address interface ioctls to; closed on drop.
+fn control_socket() -> io::Result<OwnedFd> {
+    // SAFETY: socket() takes no pointers; a non-negative result is a fresh fd.
+    let fd =
+        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` was just returned by socket() and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The flags of interface `name` (SIOCGIFFLAGS).
+pub fn flags(name: &str) -> io::Result<IfFlags> {
+    let mut req = ifreq(name)?;
+    let sock = control_socket()?;
+    // SAFETY: SIOCGIFFLAGS reads the name from and writes the flags into an ifreq,
+    // which `req` is, exclusively borrowed for the call.
+    check(unsafe { ioctl_with_mut_ref(&sock, libc::SIOCGIFFLAGS, &mut req) })?;
+    // SAFETY: SIOCGIFFLAGS succeeded, so it set the union's `ifru_flags` member; all
+    // of its bit patterns are valid.
+    Ok(IfFlags(unsafe { req.ifr_ifru.ifru_flags }))
+}
+
+/// Sets the flags of interface `name` (SIOCSIFFLAGS).
+pub fn set_flags(name: &str, flags: IfFlags) -> io::Result<()> {
+    let mut req = ifreq(name)?;
+    req.ifr_ifru.ifru_flags = flags.0;
+    let sock = control_socket()?;
+    // SAFETY: SIOCSIFFLAGS only reads an ifreq, which `req` is.
+    check(unsafe { ioctl_with_ref(&sock, libc::SIOCSIFFLAGS, &req) })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_loopback() {
+        assert!(valid_name("lo"));
+        assert!(!valid_name(""));
+        assert!(!valid_name("a-name-that-is-far-too-long"));
+        assert!(!valid_name("a\0b"));
+        assert_eq!(ifreq("").unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        assert!(index("lo").unwrap() > 0);
+        assert!(index("gsonet-none0").is_err());
+        assert!(flags("gsonet-none0").is_err());
+        assert!(flags("lo").is_ok());
+        assert!((IfFlags(0) | IfFlags::UP).contains(IfFlags::UP));
+    }
+}
