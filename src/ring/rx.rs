@@ -145,6 +145,7 @@ fn return_unused<Q: QueueT>(q: &mut Q, mem: &GuestMem, scratch: &RxScratch) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::frames::pattern;
     use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
@@ -195,17 +196,13 @@ mod tests {
         )
     }
 
-    fn payload(n: usize) -> Vec<u8> {
-        (0..n).map(|i| (i % 251) as u8).collect()
-    }
-
     #[test]
     fn mrg_rxbuf_spans_chains_and_counts_buffers() {
         let m = mem();
         let mock = MockSplitQueue::new(&m, 16);
         post(&mock, 4, 1, 1000);
         let mut q: Queue = mock.create_queue().unwrap();
-        let data = payload(2500);
+        let data = pattern(2500);
         // Odd split of the source too.
         let n = put(&mut q, &m, &[&data[..7], &data[7..]], true).unwrap();
         assert_eq!(n, 3);
@@ -231,7 +228,7 @@ mod tests {
         let mock = MockSplitQueue::new(&m, 16);
         post(&mock, 1, 3, 100);
         let mut q: Queue = mock.create_queue().unwrap();
-        let data = payload(250);
+        let data = pattern(250);
         assert_eq!(put(&mut q, &m, &[&data], false), Ok(1));
         assert_eq!(used(&mock, 0), (0, 262));
     }
@@ -242,7 +239,7 @@ mod tests {
         let mock = MockSplitQueue::new(&m, 16);
         post(&mock, 2, 1, 100);
         let mut q: Queue = mock.create_queue().unwrap();
-        let data = payload(200);
+        let data = pattern(200);
         assert_eq!(
             put(&mut q, &m, &[&data], false),
             Err(RxError::BufferTooSmall {
@@ -262,7 +259,7 @@ mod tests {
         let mock = MockSplitQueue::new(&m, 16);
         post(&mock, 2, 1, 1000);
         let mut q: Queue = mock.create_queue().unwrap();
-        let data = payload(5000);
+        let data = pattern(5000);
         assert_eq!(put(&mut q, &m, &[&data], true), Err(RxError::NoBuffers));
         assert_eq!(q.next_avail(), 0);
         assert_eq!(mock.used().idx().load(), 0);
@@ -276,7 +273,7 @@ mod tests {
         mock.build_desc_chain(&[RawDescriptor::from(d)]).unwrap();
         let mut q: Queue = mock.create_queue().unwrap();
         assert_eq!(
-            put(&mut q, &m, &[&payload(100)], true),
+            put(&mut q, &m, &[&pattern(100)], true),
             Err(RxError::BadAddress)
         );
         assert_eq!(mock.used().idx().load(), 1);
