@@ -10,35 +10,24 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput};
 use gsonet::segment::csum::Checksum;
 use gsonet::segment::{CsumMode, SegmentOpts, Segmenter};
-use gsonet::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr, F_NEEDS_CSUM};
+use gsonet::testkit::frames::{build, gso_hdr, pattern, tcp_timestamps, FrameSpec};
+use gsonet::vnet_hdr::{GsoKind, VirtioNetHdr};
 
 const FRAME: usize = 64 * 1024;
 
 /// A 64 KiB frame: Ethernet, IPv4/IPv6, TCP with timestamps or UDP, payload.
 fn frame(v6: bool, tcp: bool) -> (Vec<u8>, usize) {
-    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1];
-    f.extend_from_slice(if v6 { &[0x86, 0xdd] } else { &[0x08, 0x00] });
-    let proto = if tcp { 6 } else { 17 };
-    if v6 {
-        f.extend_from_slice(&[0x60, 0, 0, 0, 0, 0, proto, 64]);
-        f.extend((0..32).map(|i| i as u8));
-    } else {
-        f.extend_from_slice(&[
-            0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, proto, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
-        ]);
-    }
-    let l4 = f.len();
-    if tcp {
-        f.extend_from_slice(&[
-            0x30, 0x39, 0x01, 0xbb, 0, 0, 0, 1, 0, 0, 0, 1, 0x80, 0x18, 0x72, 0x10, 0, 0, 0, 0,
-        ]);
-        f.extend_from_slice(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2]);
-    } else {
-        f.extend_from_slice(&[0x30, 0x39, 0x11, 0x5c, 0, 0, 0, 0]);
-    }
-    let payload = FRAME - f.len();
-    f.extend((0..payload).map(|i| (i * 7 + (i >> 9)) as u8));
-    (f, l4)
+    let spec = FrameSpec {
+        v6,
+        tcp,
+        tcp_opts: if tcp { tcp_timestamps() } else { vec![] },
+        ..FrameSpec::default()
+    };
+    let headers = build(&spec).0.len();
+    build(&FrameSpec {
+        payload: pattern(FRAME - headers),
+        ..spec
+    })
 }
 
 struct Case {
@@ -56,15 +45,7 @@ fn cases() -> Vec<Case> {
             (true, true) => GsoKind::TcpV6,
             (false, _) => GsoKind::UdpL4,
         };
-        let hdr = VirtioNetHdr {
-            flags: F_NEEDS_CSUM,
-            gso: GsoType::new(kind),
-            hdr_len: 0,
-            gso_size: gso,
-            csum_start: l4 as u16,
-            csum_offset: if tcp { 16 } else { 6 },
-            num_buffers: 1,
-        };
+        let hdr = gso_hdr(kind, gso, l4, tcp);
         Case {
             name,
             frame,

@@ -164,6 +164,7 @@ impl Tag {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::frames::ethernet_len;
 
     #[test]
     fn vid_range() {
@@ -182,22 +183,20 @@ mod tests {
         assert!("52:54:00:00:00".parse::<Mac>().is_err());
     }
 
-    fn sample(ethertype: u16, len: usize) -> Vec<u8> {
-        let mut f: Vec<u8> = (0..len.max(14)).map(|i| (i * 7 + 3) as u8).collect();
-        f[12..14].copy_from_slice(&ethertype.to_be_bytes());
-        f.truncate(len);
-        f
-    }
-
     #[test]
     fn reads_tags() {
-        let mut t = sample(ETHERTYPE_VLAN, 40);
-        t[14..16].copy_from_slice(&0x600au16.to_be_bytes()); // PCP 3, VID 10
+        let t = ethernet_len(&[(ETHERTYPE_VLAN, 0x600a)], 0x0800, 40); // PCP 3, VID 10
         assert_eq!(Tag::read(&t), Tag::Dot1q(10));
-        assert_eq!(Tag::read(&sample(0x0800, 60)), Tag::Untagged);
-        assert_eq!(Tag::read(&sample(ETHERTYPE_QINQ, 60)), Tag::Other);
-        assert_eq!(Tag::read(&sample(ETHERTYPE_VLAN, 15)), Tag::Other);
-        assert_eq!(Tag::read(&sample(0x0800, 60)[..13]), Tag::Short);
+        assert_eq!(Tag::read(&ethernet_len(&[], 0x0800, 60)), Tag::Untagged);
+        assert_eq!(
+            Tag::read(&ethernet_len(&[], ETHERTYPE_QINQ, 60)),
+            Tag::Other
+        );
+        assert_eq!(
+            Tag::read(&ethernet_len(&[], ETHERTYPE_VLAN, 15)),
+            Tag::Other
+        );
+        assert_eq!(Tag::read(&ethernet_len(&[], 0x0800, 60)[..13]), Tag::Short);
         assert_eq!(Tag::read(&[]), Tag::Short);
     }
 }

@@ -50,6 +50,8 @@ use common::frames::{self, finish_csum, Flow, Ips, UdpGso};
 use common::frontend::{feat, FrontendOpts, RawDesc, RxFrame, TestFrontend, TxLayout, RX_QUEUE};
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
 use gsonet::vnet_hdr::{VirtioNetHdr, F_DATA_VALID, F_NEEDS_CSUM, HDR_LEN};
+use proptest::prelude::{Rng as _, RngExt};
+use proptest::test_runner::{RngAlgorithm, TestRng};
 use serde_json::Value;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -81,28 +83,25 @@ const RX_REASONS: [&str; 4] = [
 ];
 
 // ---------------------------------------------------------------------------------------
-// A small seeded RNG (xorshift64*).
+// The seeded RNG: proptest's ChaCha (`TestRng`), with the draws this test makes.
 
-struct Rng(u64);
+struct Rng(TestRng);
 
 impl Rng {
     fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x9e37_79b9_7f4a_7c15 | 1)
+        let mut key = [0u8; 32];
+        key[..8].copy_from_slice(&seed.to_le_bytes());
+        Rng(TestRng::from_seed(RngAlgorithm::ChaCha, &key))
     }
     fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        self.0.next_u64()
     }
     /// Uniform in `0..n` (n > 0).
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.random_range(0..n)
     }
     fn range(&mut self, lo: u64, hi_incl: u64) -> u64 {
-        lo + self.below(hi_incl - lo + 1)
+        self.0.random_range(lo..=hi_incl)
     }
     fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
@@ -111,7 +110,9 @@ impl Rng {
         v[self.below(v.len() as u64) as usize]
     }
     fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
+        let mut b = vec![0u8; n];
+        self.0.fill_bytes(&mut b);
+        b
     }
 }
 

@@ -15,9 +15,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::frames::{self, Flow, Ips, UdpGso};
 use common::frontend::{temp_socket_path, FrontendOpts, TestFrontend, TxLayout};
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
-use gsonet::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr, F_NEEDS_CSUM};
+use gsonet::testkit::frames::FrameSpec;
+use gsonet::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr};
 
 const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
 const PEER_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x77, 0x00, 0x02];
@@ -325,44 +327,9 @@ fn set<T>(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: &T) {
 // ---------------------------------------------------------------------------------------
 // Frames
 
-fn sum16(data: &[u8], mut acc: u32) -> u32 {
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        acc += u16::from_be_bytes([c[0], c[1]]) as u32;
-    }
-    if let [b] = chunks.remainder() {
-        acc += (*b as u32) << 8;
-    }
-    acc
-}
-
-fn fold(mut acc: u32) -> u16 {
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    acc as u16
-}
-
-fn pseudo(src: [u8; 4], dst: [u8; 4], proto: u8, l4_len: usize) -> u32 {
-    let mut a = sum16(&src, 0);
-    a = sum16(&dst, a);
-    a + proto as u32 + l4_len as u32
-}
-
-fn payload(n: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
-}
-
-/// An Ethernet + IPv4 + TCP frame with a partial (pseudo-header) checksum, as a guest
-/// with TSO hands it over, and its vnet header (TSOv4 when `data` exceeds MSS).
+/// An Ethernet + IPv4 + TCP frame (no options) with a partial (pseudo-header)
+/// checksum, as a guest with TSO hands it over, and its vnet header (TSOv4 when `data`
+/// exceeds MSS).
 #[allow(clippy::too_many_arguments)]
 fn tcp4_frame(
     dst_mac: [u8; 6],
@@ -374,51 +341,22 @@ fn tcp4_frame(
     seq: u32,
     data: &[u8],
 ) -> (VirtioNetHdr, Vec<u8>) {
-    let l4_len = 20 + data.len();
-    let mut f = Vec::with_capacity(34 + l4_len);
-    f.extend_from_slice(&dst_mac);
-    f.extend_from_slice(&src_mac);
-    f.extend_from_slice(&[0x08, 0x00]);
-    let tot = (20 + l4_len) as u16;
-    let mut iph = [
-        0x45, 0, 0, 0, 0x12, 0x34, 0x40, 0, 64, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    ];
-    iph[2..4].copy_from_slice(&tot.to_be_bytes());
-    iph[12..16].copy_from_slice(&src);
-    iph[16..20].copy_from_slice(&dst);
-    let c = !fold(sum16(&iph, 0));
-    iph[10..12].copy_from_slice(&c.to_be_bytes());
-    f.extend_from_slice(&iph);
-    let mut th = [0u8; 20];
-    th[0..2].copy_from_slice(&sport.to_be_bytes());
-    th[2..4].copy_from_slice(&dport.to_be_bytes());
-    th[4..8].copy_from_slice(&seq.to_be_bytes());
-    th[8..12].copy_from_slice(&1u32.to_be_bytes());
-    th[12] = 5 << 4;
-    th[13] = 0x18; // PSH|ACK
-    th[14..16].copy_from_slice(&65535u16.to_be_bytes());
-    // Partial checksum: the pseudo header over the whole L4 length, not complemented.
-    let p = fold(pseudo(src, dst, 6, l4_len));
-    th[16..18].copy_from_slice(&p.to_be_bytes());
-    f.extend_from_slice(&th);
-    f.extend_from_slice(data);
-    let gso = data.len() > MSS as usize;
-    let hdr = VirtioNetHdr {
-        flags: F_NEEDS_CSUM,
-        gso: if gso {
-            GsoType::new(GsoKind::TcpV4)
-        } else {
-            GsoType::NONE
-        },
-        hdr_len: 54,
-        gso_size: if gso { MSS } else { 0 },
-        csum_start: 34,
-        csum_offset: 16,
-        num_buffers: 0,
+    let flow = Flow::new(src_mac, dst_mac, Ips::V4(src, dst)).ports(sport, dport);
+    let spec = FrameSpec {
+        seq,
+        tcp_flags: frames::ACK | frames::PSH,
+        ..flow.spec(true, data)
     };
+    let (mut hdr, f) = frames::build_with(&spec, Some((GsoKind::TcpV4, MSS)));
+    if data.len() <= MSS as usize {
+        hdr.gso = GsoType::NONE;
+        hdr.gso_size = 0;
+    }
+    hdr.num_buffers = 0;
     (hdr, f)
 }
 
+/// A plain UDP frame from PEER_PORT to GUEST_PORT with a full checksum.
 fn udp4_frame(
     dst_mac: [u8; 6],
     src_mac: [u8; 6],
@@ -426,36 +364,26 @@ fn udp4_frame(
     dst: [u8; 4],
     data: &[u8],
 ) -> Vec<u8> {
-    let b = etherparse::PacketBuilder::ethernet2(src_mac, dst_mac)
-        .ipv4(src, dst, 64)
-        .udp(PEER_PORT, GUEST_PORT);
-    let mut f = Vec::with_capacity(b.size(data.len()));
-    b.write(&mut f, data).unwrap();
-    f
+    let flow = Flow::new(src_mac, dst_mac, Ips::V4(src, dst)).ports(PEER_PORT, GUEST_PORT);
+    frames::udp(&flow, data, UdpGso::None).1
 }
 
 /// Checks the L4 checksum of an IPv4 frame, completing it first when the header says
 /// it is partial (NEEDS_CSUM): then the stored value must be the pseudo-header sum.
 fn check_tcp4_csum(hdr: &VirtioNetHdr, frame: &[u8]) -> Result<(), String> {
     let mut f = frame.to_vec();
-    if hdr.needs_csum() {
-        let (s, o) = (hdr.csum_start as usize, hdr.csum_offset as usize);
-        if s + o + 2 > f.len() {
-            return Err(format!("csum_start {s} + csum_offset {o} beyond the frame"));
-        }
-        let c = !fold(sum16(&f[s..], 0));
-        f[s + o..s + o + 2].copy_from_slice(&c.to_be_bytes());
-    }
+    frames::finish_if_partial(hdr, &mut f).map_err(|e| e.to_string())?;
     let ihl = (f[14] & 0x0f) as usize * 4;
     let src: [u8; 4] = f[26..30].try_into().unwrap();
     let dst: [u8; 4] = f[30..34].try_into().unwrap();
     let tot = u16::from_be_bytes([f[16], f[17]]) as usize;
     let l4 = &f[14 + ihl..14 + tot];
-    let s = fold(sum16(l4, pseudo(src, dst, 6, l4.len())));
+    let pseudo = frames::pseudo_sum(&Ips::V4(src, dst), 6, l4.len());
+    let s = frames::fold(frames::sum16(l4, pseudo));
     if s != 0xffff {
         return Err(format!("bad TCP checksum (sum {s:#06x})"));
     }
-    if fold(sum16(&f[14..14 + ihl], 0)) != 0xffff {
+    if frames::fold(frames::sum16(&f[14..14 + ihl], 0)) != 0xffff {
         return Err("bad IPv4 header checksum".into());
     }
     Ok(())
@@ -542,7 +470,7 @@ fn guest_to_ns(
     seq0: u32,
 ) -> Vec<(VirtioNetHdr, Vec<u8>)> {
     let raw = net.within(|| Raw::open(&net.peer));
-    let data = payload(len, seq0);
+    let data = frames::payload(len, seq0);
     let (hdr, frame) = tcp4_frame(
         PEER_MAC, GUEST_MAC, GUEST_IP, PEER_IP, GUEST_PORT, PEER_PORT, seq0, &data,
     );
@@ -607,7 +535,7 @@ fn dev_uplink_passes_gso_both_ways() {
     assert_eq!(f, udp);
 
     // ...and a 64 KiB TSOv4 frame, which keeps its GSO metadata on the way in.
-    let data = payload(BIG, 11);
+    let data = frames::payload(BIG, 11);
     let (hdr, frame) = tcp4_frame(
         GUEST_MAC, PEER_MAC, PEER_IP, GUEST_IP, PEER_PORT, GUEST_PORT, 5, &data,
     );

@@ -17,6 +17,7 @@ use std::time::Duration;
 use common::frontend::{
     feat, temp_socket_path, BadTx, FrontendOpts, TestFrontend, TxLayout, RX_QUEUE, TX_QUEUE,
 };
+use gsonet::testkit::frames::payload;
 use gsonet::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr, F_NEEDS_CSUM, HDR_LEN};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VhostUserDaemon, VringRwLock, VringT};
@@ -260,18 +261,6 @@ fn connect(features: u64) -> (TestFrontend, Arc<Loopback>) {
     (fe, backend)
 }
 
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2654435761).wrapping_add(1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
-}
-
 fn tso_hdr() -> VirtioNetHdr {
     VirtioNetHdr {
         flags: F_NEEDS_CSUM,
@@ -289,7 +278,7 @@ fn tso_hdr() -> VirtioNetHdr {
 
 /// Send, reclaim, receive, compare byte-exact.
 fn round_trip(fe: &mut TestFrontend, len: usize, layout: TxLayout, seed: u32) -> u16 {
-    let frame = pattern(len, seed);
+    let frame = payload(len, seed);
     let hdr = tso_hdr();
     fe.send(&hdr, &frame, layout.clone()).unwrap();
     fe.wait_tx_done(T).unwrap();
@@ -420,7 +409,7 @@ fn many_frames_wrap_the_rings_with_reposting() {
         for batch in 0..40u32 {
             for k in 0..16u32 {
                 let len = 60 + ((batch * 16 + k) as usize * 97) % 3000;
-                let f = pattern(len, batch * 16 + k);
+                let f = payload(len, batch * 16 + k);
                 fe.send(&hdr, &f, TxLayout::HeaderSeparate).unwrap();
                 sent.push(f);
             }
@@ -527,7 +516,7 @@ fn malformed_chains_are_published_and_reclaimed() {
     // the frontend reports the device header as bad.
     let mut bytes = VirtioNetHdr::default().to_bytes().to_vec();
     bytes[1] = 2;
-    bytes.extend_from_slice(&pattern(60, 1));
+    bytes.extend_from_slice(&payload(60, 1));
     fe.send_bytes(&bytes, TxLayout::Single).unwrap();
     fe.wait_tx_done(T).unwrap();
     assert!(fe.try_recv(T).is_err());

@@ -77,7 +77,7 @@ impl<'a> Frame<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::segment::testutil::{build, gso_hdr, pattern, FrameSpec};
+    use crate::testkit::frames::{build, gso_hdr, pattern, FrameSpec};
     use crate::vnet_hdr::GsoKind;
 
     #[test]

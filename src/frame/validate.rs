@@ -296,25 +296,16 @@ fn check_lengths(h: &Headers, frame: &[&[u8]]) -> Result<(), InvalidHdr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::segment::testutil::{build, gso_hdr, pattern, split, FrameSpec};
     use crate::segment::ParseError;
+    use crate::testkit::frames::{build, gso_hdr, pattern, split, FrameSpec};
     use crate::vnet_hdr::F_DATA_VALID;
 
     fn tcp(v6: bool, n: usize) -> (Vec<u8>, usize) {
-        build(&FrameSpec {
-            v6,
-            payload: pattern(n),
-            ..FrameSpec::default()
-        })
+        build(&FrameSpec::tcp(v6, n))
     }
 
     fn udp(v6: bool, n: usize) -> (Vec<u8>, usize) {
-        build(&FrameSpec {
-            v6,
-            tcp: false,
-            payload: pattern(n),
-            ..FrameSpec::default()
-        })
+        build(&FrameSpec::udp(v6, n))
     }
 
     fn v(h: &VirtioNetHdr, f: &[u8]) -> Result<Valid, InvalidHdr> {

@@ -207,6 +207,7 @@ fn return_unused<Q: QueueT>(q: &mut Q, mem: &GuestMem, chains: &[(u16, usize)]) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::frames::pattern;
     use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
@@ -261,17 +262,13 @@ mod tests {
         )
     }
 
-    fn payload(n: usize) -> Vec<u8> {
-        (0..n).map(|i| (i % 251) as u8).collect()
-    }
-
     #[test]
     fn mrg_rxbuf_spans_chains_and_counts_buffers() {
         let m = mem();
         let mock = MockSplitQueue::new(&m, 16);
         post(&mock, 4, 1, 1000);
         let mut q: Queue = mock.create_queue().unwrap();
-        let data = payload(2500);
+        let data = pattern(2500);
         // Odd split of the source too.
         let n = put(&mut q, &m, &[&data[..7], &data[7..]], true).unwrap();
         assert_eq!(n, 3);
@@ -297,7 +294,7 @@ mod tests {
         let mock = MockSplitQueue::new(&m, 16);
         post(&mock, 1, 3, 100);
         let mut q: Queue = mock.create_queue().unwrap();
-        let data = payload(250);
+        let data = pattern(250);
         assert_eq!(put(&mut q, &m, &[&data], false), Ok(1));
         assert_eq!(used(&mock, 0), (0, 262));
     }
@@ -308,7 +305,7 @@ mod tests {
         let mock = MockSplitQueue::new(&m, 16);
         post(&mock, 2, 1, 100);
         let mut q: Queue = mock.create_queue().unwrap();
-        let data = payload(200);
+        let data = pattern(200);
         assert_eq!(
             put(&mut q, &m, &[&data], false),
             Err(RxError::BufferTooSmall {
@@ -328,7 +325,7 @@ mod tests {
         let mock = MockSplitQueue::new(&m, 16);
         post(&mock, 2, 1, 1000);
         let mut q: Queue = mock.create_queue().unwrap();
-        let data = payload(5000);
+        let data = pattern(5000);
         assert_eq!(put(&mut q, &m, &[&data], true), Err(RxError::NoBuffers));
         assert_eq!(q.next_avail(), 0);
         assert_eq!(mock.used().idx().load(), 0);
@@ -342,7 +339,7 @@ mod tests {
         mock.build_desc_chain(&[RawDescriptor::from(d)]).unwrap();
         let mut q: Queue = mock.create_queue().unwrap();
         assert_eq!(
-            put(&mut q, &m, &[&payload(100)], true),
+            put(&mut q, &m, &[&pattern(100)], true),
             Err(RxError::BadAddress)
         );
         assert_eq!(mock.used().idx().load(), 1);
@@ -378,7 +375,7 @@ mod tests {
     #[test]
     fn hostile_chains_cost_bounded_work_and_are_consumed() {
         let m = mem();
-        let data = payload(100);
+        let data = pattern(100);
         // Indirect tables the guest did not negotiate; empty descriptors (indirect
         // negotiated); more descriptors than the queue has entries.
         for (indirect, n, len) in [(false, 4000u16, 0u32), (true, 4000, 0), (true, 100, 1)] {
@@ -414,7 +411,7 @@ mod tests {
             &mut RxScratch::default(),
             &VirtioNetHdr::default(),
             fmt(true),
-            &[&payload(100)],
+            &[&pattern(100)],
         );
         assert_eq!(r, Ok(1));
         assert_eq!(used(&mock, 0), (0, 112));
@@ -433,7 +430,7 @@ mod tests {
             &mut scratch,
             &VirtioNetHdr::default(),
             fmt(false),
-            &[&payload(6000)],
+            &[&pattern(6000)],
         );
         assert_eq!(r, Err(RxError::TooFragmented));
         // Nothing claimed: the buffers stay posted for frames that fit.
@@ -446,7 +443,7 @@ mod tests {
             &mut scratch,
             &VirtioNetHdr::default(),
             fmt(false),
-            &[&payload(200)],
+            &[&pattern(200)],
         );
         assert_eq!(r, Ok(14));
     }

@@ -128,6 +128,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::frames::pattern;
     use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use vm_memory::{Bytes, GuestAddress};
 
@@ -150,10 +151,6 @@ mod tests {
         Ok((f, buf[f.start..f.start + f.len].to_vec()))
     }
 
-    fn frame_bytes(n: usize) -> Vec<u8> {
-        (0..n).map(|i| (i * 7 + 3) as u8).collect()
-    }
-
     #[test]
     fn header_split_inside_first_field_is_reassembled() {
         let m = mem();
@@ -163,7 +160,7 @@ mod tests {
             ..Default::default()
         };
         let mut all = hdr.to_bytes().to_vec();
-        all.extend(frame_bytes(100));
+        all.extend(pattern(100));
         // 5 | 9 | rest: the header straddles two descriptors and spills into a third.
         m.write_slice(&all[..5], GuestAddress(0x100)).unwrap();
         m.write_slice(&all[5..14], GuestAddress(0x2000)).unwrap();
@@ -218,7 +215,7 @@ mod tests {
             ..Default::default()
         };
         let mut all = hdr.to_bytes().to_vec();
-        all.extend(frame_bytes(300));
+        all.extend(pattern(300));
         // The indirect table: header split 5 | 7, then the frame in two pieces.
         let pieces = [
             (0x8000u64, 0..5),

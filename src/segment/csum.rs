@@ -198,6 +198,7 @@ pub fn pseudo_v6(src: &[u8; 16], dst: &[u8; 16], proto: u8, l4_len: u32) -> Chec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::frames::pattern;
 
     /// The textbook byte-at-a-time definition, as an oracle.
     fn naive(data: &[u8]) -> u16 {
@@ -212,10 +213,6 @@ mod tests {
             s = (s & 0xffff) + (s >> 16);
         }
         s as u16
-    }
-
-    fn pattern(n: usize) -> Vec<u8> {
-        (0..n).map(|i| (i * 131 + 7 + (i >> 8)) as u8).collect()
     }
 
     #[test]

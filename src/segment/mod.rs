@@ -42,8 +42,6 @@ mod proptests;
 mod tcp;
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-pub(crate) mod testutil;
 mod udp;
 
 use thiserror::Error;

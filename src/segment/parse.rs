@@ -262,53 +262,17 @@ pub fn parse_prefix(buf: &[u8], frame_len: usize) -> Result<Headers, ParseError>
 mod tests {
     use super::*;
     use crate::l2::{ETHERTYPE_QINQ, ETHERTYPE_VLAN};
-
-    fn eth(ethertype: u16) -> Vec<u8> {
-        let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2];
-        f.extend_from_slice(&ethertype.to_be_bytes());
-        f
-    }
-
-    fn ipv4(proto: u8, ihl: u8) -> Vec<u8> {
-        let mut h = vec![
-            0x40 | ihl,
-            0,
-            0,
-            0,
-            0,
-            1,
-            0x40,
-            0,
-            64,
-            proto,
-            0,
-            0,
-            10,
-            0,
-            0,
-            1,
-            10,
-            0,
-            0,
-            2,
-        ];
-        h.resize(usize::from(ihl) * 4, 1); // NOP options
-        h
-    }
-
-    fn tcp(doff: u8) -> Vec<u8> {
-        let mut t = vec![0u8; usize::from(doff) * 4];
-        t[12] = doff << 4;
-        t
-    }
+    use crate::testkit::frames::{build, ethernet_len, FrameSpec};
 
     #[test]
     fn tagged_ipv4_tcp_with_options() {
-        let mut f = eth(ETHERTYPE_QINQ);
-        f.extend_from_slice(&[0, 5, 0x81, 0x00, 0, 7, 0x08, 0x00]);
-        f.extend(ipv4(6, 6));
-        f.extend(tcp(8));
-        f.extend_from_slice(&[0xaa; 10]);
+        let (f, _) = build(&FrameSpec {
+            vlans: vec![ETHERTYPE_QINQ, ETHERTYPE_VLAN],
+            ip4_opts: vec![1; 4],  // NOP options
+            tcp_opts: vec![1; 12], // NOP options
+            payload: vec![0xaa; 10],
+            ..FrameSpec::default()
+        });
         let h = parse_bytes(&f).unwrap();
         assert_eq!(
             (h.vlan_tags, h.l3, h.l3_off, h.l3_len),
@@ -330,15 +294,19 @@ mod tests {
 
     #[test]
     fn ipv6_extension_headers_and_unfragmentable_part() {
-        let mut f = eth(ETHERTYPE_IPV6);
-        let mut ip = vec![0x60, 0, 0, 0, 0, 0, IPV6_HOP_BY_HOP, 64];
-        ip.extend_from_slice(&[0x11; 32]);
-        f.extend(ip);
-        f.extend_from_slice(&[IPV6_DEST_OPTS, 0, 1, 4, 0, 0, 0, 0]); // hop-by-hop
-        f.extend_from_slice(&[IPV6_ROUTING, 0, 1, 4, 0, 0, 0, 0]); // dest opts before routing
-        f.extend_from_slice(&[IPV6_DEST_OPTS, 0, 0, 0, 0, 0, 0, 0]); // routing
-        f.extend_from_slice(&[IPPROTO_UDP, 1, 1, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]); // dest opts
-        f.extend_from_slice(&[0, 1, 0, 2, 0, 9, 0, 0, 7]);
+        // Destination options before routing belong to the unfragmentable part.
+        let (f, _) = build(&FrameSpec {
+            v6: true,
+            tcp: false,
+            ip6_exts: vec![
+                (IPV6_HOP_BY_HOP, 0),
+                (IPV6_DEST_OPTS, 0),
+                (IPV6_ROUTING, 0),
+                (IPV6_DEST_OPTS, 1),
+            ],
+            payload: vec![7],
+            ..FrameSpec::default()
+        });
         let h = parse_bytes(&f).unwrap();
         assert_eq!(h.l3_len, 40 + 8 + 8 + 8 + 16);
         assert_eq!(h.ip6_unfrag_end, 14 + 40 + 24);
@@ -353,11 +321,11 @@ mod tests {
             Err(ParseError::Truncated { need: 14, have: 10 })
         );
         assert_eq!(
-            parse_bytes(&eth(0)),
+            parse_bytes(&ethernet_len(&[], 0, 14)),
             Err(ParseError::UnsupportedEthertype(0))
         );
-        let mut f = eth(ETHERTYPE_IPV4);
-        f.extend(ipv4(6, 5));
+        let (mut tcp, _) = build(&FrameSpec::tcp(false, 0));
+        let mut f = tcp[..34].to_vec();
         f[14] = 0x45 | 0x10;
         assert_eq!(
             parse_bytes(&f),
@@ -373,14 +341,9 @@ mod tests {
             parse_bytes(&f),
             Err(ParseError::Truncated { need: 54, have: 34 })
         );
-        let mut t = tcp(5);
-        t[12] = 0x40;
-        f.extend(t);
-        assert_eq!(parse_bytes(&f), Err(ParseError::BadTcpDataOffset(16)));
-        let mut v = eth(ETHERTYPE_VLAN);
-        for _ in 0..5 {
-            v.extend_from_slice(&[0, 1, 0x81, 0x00]);
-        }
+        tcp[46] = 0x40;
+        assert_eq!(parse_bytes(&tcp), Err(ParseError::BadTcpDataOffset(16)));
+        let v = ethernet_len(&[(ETHERTYPE_VLAN, 1); 5], ETHERTYPE_VLAN, 34);
         assert_eq!(parse_bytes(&v), Err(ParseError::TooManyVlanTags));
     }
 }

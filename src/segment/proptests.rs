@@ -4,9 +4,10 @@
 
 use proptest::prelude::*;
 
-use super::testutil::*;
 use super::*;
 use crate::frame::validate::validate;
+use crate::testkit::frames::*;
+use crate::testkit::oracle::*;
 
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")
@@ -81,6 +82,7 @@ fn case() -> impl Strategy<Value = Case> {
                     ip_id: id,
                     seq,
                     payload: pattern(len),
+                    ..FrameSpec::default()
                 };
                 let kind = match (tcp, v6, uso) {
                     (true, false, _) => GsoKind::TcpV4,

@@ -1,9 +1,10 @@
 //! Table tests of the segmenter: the boundary cases of Linux's udpgso.c and tap.c
 //! selftests (MSS and MSS+1, gso_size 1 and 2, 128 segments, IPv6 extension headers),
-//! checked with the etherparse oracle in `testutil`.
+//! checked with the etherparse oracle in `testkit::oracle`.
 
-use super::testutil::*;
 use super::*;
+use crate::testkit::frames::*;
+use crate::testkit::oracle::*;
 use crate::vnet_hdr::{GsoType, F_DATA_VALID};
 
 const MSS4: usize = 1472;
@@ -44,37 +45,33 @@ fn case(spec: &FrameSpec, kind: GsoKind, gso: u16) -> Vec<usize> {
     .payloads
 }
 
-fn udp(v6: bool, n: usize) -> FrameSpec {
-    FrameSpec {
-        v6,
-        tcp: false,
-        payload: pattern(n),
-        ..FrameSpec::default()
-    }
-}
-
-fn tcp(v6: bool, n: usize) -> FrameSpec {
-    FrameSpec {
-        v6,
-        payload: pattern(n),
-        ..FrameSpec::default()
-    }
-}
-
 #[test]
 fn uso_mss_boundaries_v4_and_v6() {
     for (v6, mss) in [(false, MSS4), (true, MSS6)] {
         let g = mss as u16;
-        assert_eq!(case(&udp(v6, mss), GsoKind::UdpL4, g), vec![mss]);
-        assert_eq!(case(&udp(v6, mss), GsoKind::UdpL4, g + 1), vec![mss]);
-        assert_eq!(case(&udp(v6, mss + 1), GsoKind::UdpL4, g), vec![mss, 1]);
-        assert_eq!(case(&udp(v6, 2 * mss), GsoKind::UdpL4, g), vec![mss, mss]);
+        assert_eq!(case(&FrameSpec::udp(v6, mss), GsoKind::UdpL4, g), vec![mss]);
         assert_eq!(
-            case(&udp(v6, 2 * mss + 1), GsoKind::UdpL4, g),
+            case(&FrameSpec::udp(v6, mss), GsoKind::UdpL4, g + 1),
+            vec![mss]
+        );
+        assert_eq!(
+            case(&FrameSpec::udp(v6, mss + 1), GsoKind::UdpL4, g),
+            vec![mss, 1]
+        );
+        assert_eq!(
+            case(&FrameSpec::udp(v6, 2 * mss), GsoKind::UdpL4, g),
+            vec![mss, mss]
+        );
+        assert_eq!(
+            case(&FrameSpec::udp(v6, 2 * mss + 1), GsoKind::UdpL4, g),
             vec![mss, mss, 1]
         );
     }
-    let p = case(&udp(false, 65535 - 28), GsoKind::UdpL4, MSS4 as u16);
+    let p = case(
+        &FrameSpec::udp(false, 65535 - 28),
+        GsoKind::UdpL4,
+        MSS4 as u16,
+    );
     assert_eq!(p.len(), 45);
     assert!(p[..44].iter().all(|&n| n == MSS4));
     assert_eq!(p[44], 65507 - 44 * MSS4);
@@ -82,30 +79,55 @@ fn uso_mss_boundaries_v4_and_v6() {
 
 #[test]
 fn uso_tiny_gso_sizes() {
-    assert_eq!(case(&udp(false, 1), GsoKind::UdpL4, 1), vec![1]);
-    assert_eq!(case(&udp(false, 2), GsoKind::UdpL4, 1), vec![1, 1]);
-    assert_eq!(case(&udp(true, 128), GsoKind::UdpL4, 1), vec![1; 128]);
-    assert_eq!(case(&udp(false, 5), GsoKind::UdpL4, 2), vec![2, 2, 1]);
+    assert_eq!(case(&FrameSpec::udp(false, 1), GsoKind::UdpL4, 1), vec![1]);
+    assert_eq!(
+        case(&FrameSpec::udp(false, 2), GsoKind::UdpL4, 1),
+        vec![1, 1]
+    );
+    assert_eq!(
+        case(&FrameSpec::udp(true, 128), GsoKind::UdpL4, 1),
+        vec![1; 128]
+    );
+    assert_eq!(
+        case(&FrameSpec::udp(false, 5), GsoKind::UdpL4, 2),
+        vec![2, 2, 1]
+    );
     // 129 segments: the segmenter itself has no policy limit; validate refuses it
     // (see vnet_hdr tests).
-    assert_eq!(case(&udp(false, 129), GsoKind::UdpL4, 1).len(), 129);
+    assert_eq!(
+        case(&FrameSpec::udp(false, 129), GsoKind::UdpL4, 1).len(),
+        129
+    );
 }
 
 #[test]
 fn tcp_mss_boundaries_and_short_last_segment() {
     for v6 in [false, true] {
-        assert_eq!(case(&tcp(v6, 1448), GsoKind::TcpV4.v(v6), 1448), vec![1448]);
         assert_eq!(
-            case(&tcp(v6, 1449), GsoKind::TcpV4.v(v6), 1448),
+            case(&FrameSpec::tcp(v6, 1448), GsoKind::TcpV4.v(v6), 1448),
+            vec![1448]
+        );
+        assert_eq!(
+            case(&FrameSpec::tcp(v6, 1449), GsoKind::TcpV4.v(v6), 1448),
             vec![1448, 1]
         );
         assert_eq!(
-            case(&tcp(v6, 2 * 1448 + 1), GsoKind::TcpV4.v(v6), 1448),
+            case(
+                &FrameSpec::tcp(v6, 2 * 1448 + 1),
+                GsoKind::TcpV4.v(v6),
+                1448
+            ),
             vec![1448, 1448, 1]
         );
-        assert_eq!(case(&tcp(v6, 1000), GsoKind::TcpV4.v(v6), 1448), vec![1000]);
-        assert_eq!(case(&tcp(v6, 0), GsoKind::TcpV4.v(v6), 1448), vec![0]);
-        let p = case(&tcp(v6, 65535 - 80), GsoKind::TcpV4.v(v6), 1448);
+        assert_eq!(
+            case(&FrameSpec::tcp(v6, 1000), GsoKind::TcpV4.v(v6), 1448),
+            vec![1000]
+        );
+        assert_eq!(
+            case(&FrameSpec::tcp(v6, 0), GsoKind::TcpV4.v(v6), 1448),
+            vec![0]
+        );
+        let p = case(&FrameSpec::tcp(v6, 65535 - 80), GsoKind::TcpV4.v(v6), 1448);
         assert_eq!(p.len(), (65535 - 80usize).div_ceil(1448));
         assert_eq!(*p.last().unwrap(), (65535 - 80) % 1448);
     }
@@ -126,7 +148,7 @@ impl V6 for GsoKind {
 #[test]
 fn tcp_flags_placement_and_ip_id_sequence() {
     // FIN|PSH|ACK|CWR|ECE on the input: FIN/PSH on the last only, CWR on the first.
-    let mut s = tcp(false, 5000);
+    let mut s = FrameSpec::tcp(false, 5000);
     s.tcp_flags = 0x01 | 0x08 | 0x10 | 0x80 | 0x40;
     s.ip_id = 0xfffe; // wraps
     let (f, l4) = build(&s);
@@ -151,12 +173,12 @@ fn tcp_flags_placement_and_ip_id_sequence() {
 
 #[test]
 fn tcp_with_timestamps_vlan_and_ip_options() {
-    let mut s = tcp(false, 4000);
+    let mut s = FrameSpec::tcp(false, 4000);
     s.tcp_opts = tcp_timestamps();
     s.vlans = vec![0x88a8, 0x8100];
     s.ip4_opts = vec![0x94, 4, 0, 0]; // router alert
     assert_eq!(case(&s, GsoKind::TcpV4, 1448), vec![1448, 1448, 1104]);
-    let mut s6 = tcp(true, 3000);
+    let mut s6 = FrameSpec::tcp(true, 3000);
     s6.tcp_opts = tcp_timestamps();
     s6.vlans = vec![0x8100];
     assert_eq!(case(&s6, GsoKind::TcpV6, 1428), vec![1428, 1428, 144]);
@@ -164,17 +186,17 @@ fn tcp_with_timestamps_vlan_and_ip_options() {
 
 #[test]
 fn ipv6_with_hop_by_hop_and_more_extension_headers() {
-    let mut s = tcp(true, 3000);
+    let mut s = FrameSpec::tcp(true, 3000);
     s.ip6_exts = vec![(0, 0)];
     assert_eq!(case(&s, GsoKind::TcpV6, 1400), vec![1400, 1400, 200]);
-    let mut u = udp(true, 3000);
+    let mut u = FrameSpec::udp(true, 3000);
     u.ip6_exts = vec![(0, 1), (60, 0), (43, 0), (60, 2)];
     assert_eq!(case(&u, GsoKind::UdpL4, 1400), vec![1400, 1400, 200]);
     // UFO: the Fragment header goes after the routing header; the trailing
     // destination options travel in the first fragment.
     let p = case(&u, GsoKind::Udp, 1400);
     assert_eq!(p.iter().sum::<usize>(), 24 + 8 + 3000);
-    let mut d = udp(true, 3000);
+    let mut d = FrameSpec::udp(true, 3000);
     d.ip6_exts = vec![(0, 0), (60, 0)];
     case(&d, GsoKind::Udp, 1000);
 }
@@ -183,25 +205,28 @@ fn ipv6_with_hop_by_hop_and_more_extension_headers() {
 fn ufo_v4_and_v6_fragments() {
     // v4: fragment payload (UDP header + data) of gso_size rounded down to 8.
     assert_eq!(
-        case(&udp(false, 4000), GsoKind::Udp, 1480),
+        case(&FrameSpec::udp(false, 4000), GsoKind::Udp, 1480),
         vec![1480, 1480, 1048]
     );
     assert_eq!(
-        case(&udp(false, 4000), GsoKind::Udp, 1475),
+        case(&FrameSpec::udp(false, 4000), GsoKind::Udp, 1475),
         vec![1472, 1472, 1064]
     );
     assert_eq!(
-        case(&udp(true, 4000), GsoKind::Udp, 1448),
+        case(&FrameSpec::udp(true, 4000), GsoKind::Udp, 1448),
         vec![1448, 1448, 1112]
     );
     // Fits in one datagram: no fragmentation.
-    assert_eq!(case(&udp(false, 1472), GsoKind::Udp, 1480), vec![1472]);
     assert_eq!(
-        case(&udp(false, 65507), GsoKind::Udp, 1480).len(),
+        case(&FrameSpec::udp(false, 1472), GsoKind::Udp, 1480),
+        vec![1472]
+    );
+    assert_eq!(
+        case(&FrameSpec::udp(false, 65507), GsoKind::Udp, 1480).len(),
         65515usize.div_ceil(1480)
     );
     // gso_size < 8 cannot fragment.
-    let (f, l4) = build(&udp(false, 100));
+    let (f, l4) = build(&FrameSpec::udp(false, 100));
     let hdr = gso_hdr(GsoKind::Udp, 7, l4, false);
     assert!(matches!(
         run(&hdr, &[&f], &SegmentOpts::default()),
@@ -211,7 +236,7 @@ fn ufo_v4_and_v6_fragments() {
 
 #[test]
 fn ufo_v4_strips_uncopied_options_after_first_fragment() {
-    let mut s = udp(false, 3000);
+    let mut s = FrameSpec::udp(false, 3000);
     s.ip4_opts = vec![7, 7, 4, 0, 0, 0, 0, 1, 0x94, 4, 0, 0]; // record route, NOP, router alert
     let (f, l4) = build(&s);
     let hdr = gso_hdr(GsoKind::Udp, 1400, l4, false);
@@ -227,22 +252,34 @@ fn max_frame_caps_l3_size() {
         max_frame: Some(1500),
         ..SegmentOpts::default()
     };
-    let (sum, c) = case_with(&tcp(false, 9000), GsoKind::TcpV4, 9000, opts, &[3]);
+    let (sum, c) = case_with(
+        &FrameSpec::tcp(false, 9000),
+        GsoKind::TcpV4,
+        9000,
+        opts,
+        &[3],
+    );
     assert_eq!(sum.mss, 1460);
     assert_eq!(c.payloads.len(), 7);
-    let mut s = tcp(true, 9000);
+    let mut s = FrameSpec::tcp(true, 9000);
     s.tcp_opts = tcp_timestamps();
     let (sum, _) = case_with(&s, GsoKind::TcpV6, 8000, opts, &[]);
     assert_eq!(sum.mss, 1428);
-    let (sum, _) = case_with(&udp(false, 5000), GsoKind::UdpL4, 4000, opts, &[]);
+    let (sum, _) = case_with(
+        &FrameSpec::udp(false, 5000),
+        GsoKind::UdpL4,
+        4000,
+        opts,
+        &[],
+    );
     assert_eq!(sum.mss, 1472);
-    let (sum, _) = case_with(&udp(true, 5000), GsoKind::Udp, 4000, opts, &[]);
+    let (sum, _) = case_with(&FrameSpec::udp(true, 5000), GsoKind::Udp, 4000, opts, &[]);
     assert_eq!(sum.mss, 1448);
     let tiny = SegmentOpts {
         max_frame: Some(40),
         ..SegmentOpts::default()
     };
-    let (f, l4) = build(&tcp(false, 100));
+    let (f, l4) = build(&FrameSpec::tcp(false, 100));
     let hdr = gso_hdr(GsoKind::TcpV4, 50, l4, true);
     assert_eq!(
         run(&hdr, &[&f], &tiny).unwrap_err(),
@@ -255,7 +292,7 @@ fn max_frame_caps_l3_size() {
 
 #[test]
 fn every_split_point_gives_the_same_output() {
-    let mut s = tcp(false, 300);
+    let mut s = FrameSpec::tcp(false, 300);
     s.tcp_opts = tcp_timestamps();
     s.vlans = vec![0x8100];
     let (f, l4) = build(&s);
@@ -272,7 +309,7 @@ fn every_split_point_gives_the_same_output() {
 
 #[test]
 fn payload_is_referenced_not_copied() {
-    let s = tcp(false, 3000);
+    let s = FrameSpec::tcp(false, 3000);
     let (f, l4) = build(&s);
     let hdr = gso_hdr(GsoKind::TcpV4, 1448, l4, true);
     let range = f.as_ptr_range();
@@ -292,7 +329,7 @@ fn payload_is_referenced_not_copied() {
 
 #[test]
 fn emit_false_stops_early() {
-    let (f, l4) = build(&tcp(false, 10000));
+    let (f, l4) = build(&FrameSpec::tcp(false, 10000));
     let hdr = gso_hdr(GsoKind::TcpV4, 1000, l4, true);
     let mut n = 0;
     let sum = Segmenter::new()
@@ -349,7 +386,7 @@ fn plain_frame_checksum_completion() {
 #[test]
 fn malformed_frames_are_errors() {
     let opts = SegmentOpts::default();
-    let (f, l4) = build(&tcp(false, 3000));
+    let (f, l4) = build(&FrameSpec::tcp(false, 3000));
     let hdr = gso_hdr(GsoKind::TcpV4, 1448, l4, true);
     assert!(matches!(
         run(&hdr, &[&f[..40]], &opts),
@@ -408,7 +445,7 @@ fn malformed_frames_are_errors() {
         Err(SegmentError::CsumOutOfFrame { .. })
     ));
     // A single segment larger than an IPv4 length can hold.
-    let big = tcp(false, 70000);
+    let big = FrameSpec::tcp(false, 70000);
     let (bf, l4) = build(&big);
     let hb = gso_hdr(GsoKind::TcpV4, 65534, l4, true);
     assert!(matches!(
@@ -419,7 +456,7 @@ fn malformed_frames_are_errors() {
 
 #[test]
 fn slice_list_allocation_is_reused() {
-    let (f, l4) = build(&tcp(false, 3000));
+    let (f, l4) = build(&FrameSpec::tcp(false, 3000));
     let hdr = gso_hdr(GsoKind::TcpV4, 1448, l4, true);
     let mut s = Segmenter::new();
     s.segment(&hdr, &[&f], &SegmentOpts::default(), |_| true)

@@ -102,7 +102,7 @@ pub fn fuzz_one(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::segment::testutil::{build, gso_hdr, pattern, FrameSpec};
+    use crate::testkit::frames::{build, gso_hdr, pattern, FrameSpec};
     use crate::vnet_hdr::{GsoKind, GsoType};
 
     fn corpus_dir() -> std::path::PathBuf {

@@ -1,10 +1,10 @@
-//! Building test frames (Ethernet + IPv4/IPv6 + TCP/UDP) with the virtio_net_hdr a
-//! guest driver would put in front of them, and checking what comes out with
-//! `etherparse` as the independent oracle.
+//! Test frames of a flow (Ethernet + IPv4/IPv6 + TCP/UDP, built by gsonet's testkit)
+//! with the virtio_net_hdr a guest driver would put in front of them, and checking
+//! what comes out with `etherparse` as the independent oracle.
 //!
-//! Frames are built by hand here (not with gsonet's code): GSO frames carry a partial
-//! checksum (the pseudo-header sum, not complemented, in the L4 checksum field) as
-//! Linux's virtio_net sends them; plain frames carry a full checksum.
+//! GSO frames carry a partial checksum (the pseudo-header sum, not complemented, in
+//! the L4 checksum field) as Linux's virtio_net sends them; plain frames carry a full
+//! checksum, completed here by RFC 1071 code of the tests' own.
 
 #![allow(dead_code)]
 
@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 
 use anyhow::{anyhow, bail, ensure, Result};
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
-use gsonet::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr, F_NEEDS_CSUM};
+use gsonet::testkit::frames::{build, gso_hdr, tcp_timestamps, FrameSpec};
+use gsonet::vnet_hdr::{GsoKind, VirtioNetHdr};
 
 pub const ETH_LEN: usize = 14;
 pub const IPV4_LEN: usize = 20;
@@ -95,17 +96,8 @@ impl Flow {
 }
 
 /// A deterministic, non-repeating-looking payload.
-pub fn payload(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2654435761).wrapping_add(0x9e37_79b9) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x >> 11) as u8
-        })
-        .collect()
-}
+#[allow(unused_imports)] // not every test binary uses it
+pub use gsonet::testkit::frames::payload;
 
 // ---------------------------------------------------------------------------------------
 // Checksums (RFC 1071), written here independently of gsonet's.
@@ -171,39 +163,38 @@ pub fn finish_if_partial(hdr: &VirtioNetHdr, frame: &mut [u8]) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------
-// Building
+// Building (gsonet's testkit builds the frames; here a flow becomes a frame spec)
 
-fn eth(flow: &Flow, v6: bool) -> Vec<u8> {
-    let mut f = Vec::with_capacity(65600);
-    f.extend_from_slice(&flow.dst_mac);
-    f.extend_from_slice(&flow.src_mac);
-    f.extend_from_slice(if v6 { &[0x86, 0xdd] } else { &[0x08, 0x00] });
-    f
+impl Flow {
+    /// The frame spec of this flow carrying `data` over TCP or UDP.
+    pub fn spec(&self, tcp: bool, data: &[u8]) -> FrameSpec {
+        let mut s = FrameSpec {
+            macs: (self.dst_mac, self.src_mac),
+            tcp,
+            ports: Some((self.sport, self.dport)),
+            payload: data.to_vec(),
+            ..FrameSpec::default()
+        };
+        match self.ips {
+            Ips::V4(src, dst) => s.ip4 = (src, dst),
+            Ips::V6(src, dst) => (s.v6, s.ip6) = (true, (src, dst)),
+        }
+        s
+    }
 }
 
-fn ip_header(f: &mut Vec<u8>, ips: &Ips, proto: u8, l4_len: usize, id: u16, df: bool) {
-    match ips {
-        Ips::V4(s, d) => {
-            let start = f.len();
-            let tot = (IPV4_LEN + l4_len) as u16;
-            f.extend_from_slice(&[0x45, 0]);
-            f.extend_from_slice(&tot.to_be_bytes());
-            f.extend_from_slice(&id.to_be_bytes());
-            f.extend_from_slice(&(if df { 0x4000u16 } else { 0 }).to_be_bytes());
-            f.extend_from_slice(&[64, proto, 0, 0]);
-            f.extend_from_slice(s);
-            f.extend_from_slice(d);
-            let c = !fold(sum16(&f[start..], 0));
-            f[start + 10..start + 12].copy_from_slice(&c.to_be_bytes());
-        }
-        Ips::V6(s, d) => {
-            f.extend_from_slice(&[0x60, 0x01, 0x23, 0x45]);
-            f.extend_from_slice(&(l4_len as u16).to_be_bytes());
-            f.extend_from_slice(&[proto, 64]);
-            f.extend_from_slice(s);
-            f.extend_from_slice(d);
-        }
-    }
+/// Builds `spec`: with `gso`, a GSO frame of that kind and size with its partial
+/// checksum; without, a plain frame with a full checksum.
+pub fn build_with(spec: &FrameSpec, gso: Option<(GsoKind, u16)>) -> (VirtioNetHdr, Vec<u8>) {
+    let (mut f, l4) = build(spec);
+    let Some((kind, size)) = gso else {
+        let offset = if spec.tcp { 16 } else { 6 };
+        finish_csum(&mut f, l4, offset).expect("checksum inside the frame");
+        return (VirtioNetHdr::default(), f);
+    };
+    let mut hdr = gso_hdr(kind, size, l4, spec.tcp);
+    hdr.hdr_len = (f.len() - spec.payload.len()) as u16;
+    (hdr, f)
 }
 
 /// TCP flags.
@@ -217,6 +208,7 @@ pub fn tcp(flow: &Flow, seq: u32, data: &[u8], gso_size: Option<u16>) -> (Virtio
     tcp_with_flags(flow, seq, ACK | PSH, data, gso_size)
 }
 
+/// A TCP frame with timestamps (header: [`TCP_LEN`] bytes) and `flags`.
 pub fn tcp_with_flags(
     flow: &Flow,
     seq: u32,
@@ -224,42 +216,18 @@ pub fn tcp_with_flags(
     data: &[u8],
     gso_size: Option<u16>,
 ) -> (VirtioNetHdr, Vec<u8>) {
-    let v6 = flow.ips.is_v6();
-    let mut f = eth(flow, v6);
-    let l4_len = TCP_LEN + data.len();
-    ip_header(&mut f, &flow.ips, 6, l4_len, 0x1234, true);
-    let l4 = f.len();
-    f.extend_from_slice(&flow.sport.to_be_bytes());
-    f.extend_from_slice(&flow.dport.to_be_bytes());
-    f.extend_from_slice(&seq.to_be_bytes());
-    f.extend_from_slice(&0x1000_0001u32.to_be_bytes()); // ack
-    f.push(((TCP_LEN / 4) as u8) << 4);
-    f.push(flags);
-    f.extend_from_slice(&0xfffeu16.to_be_bytes()); // window
-    f.extend_from_slice(&[0, 0, 0, 0]); // checksum, urgent
-    f.extend_from_slice(&[1, 1, 8, 10]); // NOP NOP TS
-    f.extend_from_slice(&0x0102_0304u32.to_be_bytes());
-    f.extend_from_slice(&0x0506_0708u32.to_be_bytes());
-    f.extend_from_slice(data);
-    let ps = pseudo_sum(&flow.ips, 6, l4_len);
-    let mut hdr = VirtioNetHdr::default();
-    match gso_size {
-        Some(mss) => {
-            let partial = fold(ps);
-            f[l4 + 16..l4 + 18].copy_from_slice(&partial.to_be_bytes());
-            hdr.flags = F_NEEDS_CSUM;
-            hdr.gso = GsoType::new(if v6 { GsoKind::TcpV6 } else { GsoKind::TcpV4 });
-            hdr.gso_size = mss;
-            hdr.hdr_len = (l4 + TCP_LEN) as u16;
-            hdr.csum_start = l4 as u16;
-            hdr.csum_offset = 16;
-        }
-        None => {
-            let c = !fold(sum16(&f[l4..], ps));
-            f[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
-        }
-    }
-    (hdr, f)
+    let spec = FrameSpec {
+        seq,
+        tcp_flags: flags,
+        tcp_opts: tcp_timestamps(),
+        ..flow.spec(true, data)
+    };
+    let kind = if flow.ips.is_v6() {
+        GsoKind::TcpV6
+    } else {
+        GsoKind::TcpV4
+    };
+    build_with(&spec, gso_size.map(|mss| (kind, mss)))
 }
 
 /// How a UDP frame asks to be segmented.
@@ -273,45 +241,19 @@ pub enum UdpGso {
 }
 
 /// A UDP frame with `data`: plain with a full checksum, or UFO/USO with a partial one.
+/// IPv4 without Don't Fragment, as UFO needs.
 pub fn udp(flow: &Flow, data: &[u8], gso: UdpGso) -> (VirtioNetHdr, Vec<u8>) {
-    let v6 = flow.ips.is_v6();
-    let mut f = eth(flow, v6);
-    let l4_len = UDP_LEN + data.len();
-    ip_header(&mut f, &flow.ips, 17, l4_len, 0x4321, false);
-    let l4 = f.len();
-    f.extend_from_slice(&flow.sport.to_be_bytes());
-    f.extend_from_slice(&flow.dport.to_be_bytes());
-    // A UFO datagram may exceed 64 KiB only in theory; USO's length field is the
-    // whole datagram as the stack builds it (segments get their own).
-    f.extend_from_slice(&(l4_len.min(0xffff) as u16).to_be_bytes());
-    f.extend_from_slice(&[0, 0]);
-    f.extend_from_slice(data);
-    let ps = pseudo_sum(&flow.ips, 17, l4_len);
-    let mut hdr = VirtioNetHdr::default();
-    match gso {
-        UdpGso::None => {
-            let mut c = !fold(sum16(&f[l4..], ps));
-            if c == 0 {
-                c = 0xffff;
-            }
-            f[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
-        }
-        UdpGso::Ufo(size) | UdpGso::Uso(size) => {
-            let partial = fold(ps);
-            f[l4 + 6..l4 + 8].copy_from_slice(&partial.to_be_bytes());
-            hdr.flags = F_NEEDS_CSUM;
-            hdr.gso = GsoType::new(if matches!(gso, UdpGso::Ufo(_)) {
-                GsoKind::Udp
-            } else {
-                GsoKind::UdpL4
-            });
-            hdr.gso_size = size;
-            hdr.hdr_len = (l4 + UDP_LEN) as u16;
-            hdr.csum_start = l4 as u16;
-            hdr.csum_offset = 6;
-        }
-    }
-    (hdr, f)
+    let spec = FrameSpec {
+        ip_id: 0x4321,
+        df: false,
+        ..flow.spec(false, data)
+    };
+    let gso = match gso {
+        UdpGso::None => None,
+        UdpGso::Ufo(size) => Some((GsoKind::Udp, size)),
+        UdpGso::Uso(size) => Some((GsoKind::UdpL4, size)),
+    };
+    build_with(&spec, gso)
 }
 
 // ---------------------------------------------------------------------------------------

@@ -233,7 +233,7 @@ pub fn deliver(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::segment::testutil::{build, gso_hdr, FrameSpec};
+    use crate::testkit::frames::{build, gso_hdr, FrameSpec};
     use crate::vnet_hdr::{GsoKind, GsoType, F_NEEDS_CSUM, F_RSC_INFO};
     use std::cell::RefCell;
 

@@ -341,7 +341,8 @@ mod vlan_forwarding {
     //! The switch with recording ports and a recording uplink: every delivery
     //! attempt shows up in the recorder of its destination.
     use super::*;
-    use crate::l2::Tag;
+    use crate::l2::{Tag, ETHERTYPE_VLAN};
+    use crate::testkit::frames::{ethernet, pattern};
     use crate::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr, F_NEEDS_CSUM};
 
     #[derive(Default)]
@@ -442,16 +443,10 @@ mod vlan_forwarding {
         Mac([2, 0, 0, 0, 0, n])
     }
 
-    /// An IPv4/TCP-looking frame, optionally tagged (VID `vid`, priority 5).
+    /// An IPv4-looking frame, optionally tagged (VID `vid`, priority 5).
     fn frame(dst: Mac, src: Mac, vid: Option<u16>) -> Vec<u8> {
-        let mut f = [dst.0, src.0].concat();
-        if let Some(v) = vid {
-            f.extend_from_slice(&[0x81, 0x00]);
-            f.extend_from_slice(&(0xa000 | v).to_be_bytes());
-        }
-        f.extend_from_slice(&[0x08, 0x00]);
-        f.extend((0..80u8).map(|i| i.wrapping_mul(3)));
-        f
+        let tag = vid.map(|v| (ETHERTYPE_VLAN, 0xa000 | v));
+        ethernet(dst.0, src.0, tag.as_slice(), 0x0800, &pattern(80))
     }
 
     fn send(net: &Net, src: Endpoint, bytes: &[u8], hdr: VirtioNetHdr) {

@@ -170,8 +170,9 @@ pub fn pop<'a>(frame: &Frame<'a>, buf: &'a mut ViewBuf<'a>) -> Result<Frame<'a>,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::segment::testutil::{self, FrameSpec};
     use crate::segment::{parse_headers, CsumMode, SegmentOpts, Segmenter};
+    use crate::testkit::frames::{self, ethernet_len, pattern, FrameSpec};
+    use crate::testkit::oracle;
     use crate::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr, F_NEEDS_CSUM};
 
     /// A frame over `parts` as the datapath builds it, split anywhere (tests only).
@@ -192,13 +193,6 @@ mod tests {
             tag: Tag::read(&head[..n]),
             gso,
         }
-    }
-
-    fn sample(ethertype: u16, len: usize) -> Vec<u8> {
-        let mut f: Vec<u8> = (0..len.max(14)).map(|i| (i * 7 + 3) as u8).collect();
-        f[12..14].copy_from_slice(&ethertype.to_be_bytes());
-        f.truncate(len);
-        f
     }
 
     fn tso_hdr() -> VirtioNetHdr {
@@ -258,14 +252,14 @@ mod tests {
 
     #[test]
     fn push_at_every_split() {
-        let plain = sample(0x0800, 100);
+        let plain = ethernet_len(&[], 0x0800, 100);
         let vid = Vid::new(10).unwrap();
         let mut want = plain[..12].to_vec();
         want.extend_from_slice(&[0x81, 0x00, 0x00, 0x0a]);
         want.extend_from_slice(&plain[12..]);
         for a in 1..plain.len() - 1 {
             for b in [a + 1, plain.len() - 1] {
-                let parts = testutil::split(&plain, &[a, b]);
+                let parts = frames::split(&plain, &[a, b]);
                 let f = frame(plain_hdr(), &parts);
                 let mut buf = ViewBuf::default();
                 let t = push(&f, vid, &mut buf).unwrap();
@@ -285,9 +279,7 @@ mod tests {
 
     #[test]
     fn pop_at_every_split() {
-        let mut tagged = sample(ETHERTYPE_VLAN, 100);
-        tagged[14..16].copy_from_slice(&0x000au16.to_be_bytes());
-        tagged[16..18].copy_from_slice(&0x0800u16.to_be_bytes());
+        let tagged = ethernet_len(&[(ETHERTYPE_VLAN, 10)], 0x0800, 100);
         let mut want = tagged[..12].to_vec();
         want.extend_from_slice(&tagged[16..]);
         let mut hdr = plain_hdr();
@@ -295,7 +287,7 @@ mod tests {
         hdr.hdr_len = 70;
         for a in 1..tagged.len() - 1 {
             for b in [a + 1, tagged.len() - 1] {
-                let parts = testutil::split(&tagged, &[a, b]);
+                let parts = frames::split(&tagged, &[a, b]);
                 let f = frame(hdr, &parts);
                 assert_eq!(f.tag, Tag::Dot1q(10));
                 let mut buf = ViewBuf::default();
@@ -311,8 +303,8 @@ mod tests {
 
     #[test]
     fn push_then_pop_is_identity() {
-        let plain = sample(0x86dd, 300);
-        let parts = testutil::split(&plain, &[5, 13, 14, 200]);
+        let plain = ethernet_len(&[], 0x86dd, 300);
+        let parts = frames::split(&plain, &[5, 13, 14, 200]);
         let f = frame(VirtioNetHdr::default(), &parts);
         let mut b1 = ViewBuf::default();
         let t = push(&f, Vid::new(4094).unwrap(), &mut b1).unwrap();
@@ -327,7 +319,7 @@ mod tests {
 
     #[test]
     fn refuses_what_cannot_be_rewritten() {
-        let short = sample(0x0800, 11);
+        let short = ethernet_len(&[], 0x0800, 11);
         let parts = [&short[..]];
         let f = frame(VirtioNetHdr::default(), &parts);
         let mut b = ViewBuf::default();
@@ -336,7 +328,7 @@ mod tests {
             Some(DropReason::TooShort)
         );
         // A checksum that would start inside the removed tag.
-        let tagged = sample(ETHERTYPE_VLAN, 80);
+        let tagged = ethernet_len(&[(ETHERTYPE_VLAN, 10)], 0x0800, 80);
         let parts = [&tagged[..]];
         let mut hdr = plain_hdr();
         hdr.csum_start = 14;
@@ -355,8 +347,8 @@ mod tests {
     fn spec(v6: bool) -> FrameSpec {
         FrameSpec {
             v6,
-            tcp_opts: testutil::tcp_timestamps(),
-            payload: testutil::pattern(45 * 1448 + 7),
+            tcp_opts: frames::tcp_timestamps(),
+            payload: pattern(45 * 1448 + 7),
             ..FrameSpec::default()
         }
     }
@@ -391,17 +383,17 @@ mod tests {
             })
             .collect();
         sum.bytes -= 4 * segs.len();
-        testutil::check(plain, gso, &opts, &sum, &untagged);
+        oracle::check(plain, gso, &opts, &sum, &untagged);
     }
 
     #[test]
     fn pushed_tso_frames_segment_correctly() {
         for v6 in [false, true] {
             let plain = spec(v6);
-            let (bytes, l4_off) = testutil::build(&plain);
+            let (bytes, l4_off) = frames::build(&plain);
             let kind = if v6 { GsoKind::TcpV6 } else { GsoKind::TcpV4 };
-            let hdr = testutil::gso_hdr(kind, 1448, l4_off, true);
-            let parts = testutil::split(&bytes, &[7, 13, 40, 3000, 20000]);
+            let hdr = frames::gso_hdr(kind, 1448, l4_off, true);
+            let parts = frames::split(&bytes, &[7, 13, 40, 3000, 20000]);
             let parts: Vec<&[u8]> = parts.into_iter().filter(|p| !p.is_empty()).collect();
             let f = frame(hdr, &parts);
             let mut b = ViewBuf::default();
@@ -420,9 +412,9 @@ mod tests {
             vlans: vec![ETHERTYPE_VLAN],
             ..plain.clone()
         };
-        let (bytes, l4_off) = testutil::build(&tagged_spec);
-        let hdr = testutil::gso_hdr(GsoKind::TcpV4, 1448, l4_off, true);
-        let parts = testutil::split(&bytes, &[15, 17, 1000]);
+        let (bytes, l4_off) = frames::build(&tagged_spec);
+        let hdr = frames::gso_hdr(GsoKind::TcpV4, 1448, l4_off, true);
+        let parts = frames::split(&bytes, &[15, 17, 1000]);
         let f = frame(hdr, &parts);
         let mut b = ViewBuf::default();
         let u = pop(&f, &mut b).unwrap();
@@ -434,9 +426,9 @@ mod tests {
             csum: CsumMode::Full,
             max_frame: None,
         };
-        let (sum, segs) = testutil::run(&u.hdr, u.parts, &opts).unwrap();
-        let plain_hdr = testutil::gso_hdr(GsoKind::TcpV4, 1448, l4_off - 4, true);
-        testutil::check(&plain, &plain_hdr, &opts, &sum, &segs);
+        let (sum, segs) = oracle::run(&u.hdr, u.parts, &opts).unwrap();
+        let plain_hdr = frames::gso_hdr(GsoKind::TcpV4, 1448, l4_off - 4, true);
+        oracle::check(&plain, &plain_hdr, &opts, &sum, &segs);
         // And back: re-tagging the untagged view segments like the original.
         let mut b2 = ViewBuf::default();
         let t = push(&u, Vid::new(5).unwrap(), &mut b2).unwrap();

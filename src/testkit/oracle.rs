@@ -1,183 +1,11 @@
-//! Test support: a frame builder and an oracle that checks segmenter output with
-//! `etherparse` (an independent parser and checksum), never with our own parser.
+//! The independent oracle of the segmenter tests: runs the segmenter and checks every
+//! output segment with `etherparse` (parser and checksums), never with our own parser.
 
-use etherparse::checksum::Sum16BitWords;
 use etherparse::{NetHeaders, PacketHeaders, TransportHeader};
 
-use super::{CsumMode, Segment, SegmentOpts, SegmentSummary, Segmenter};
+use super::frames::{build, ip6_unfrag_end, pseudo_sum, FrameSpec};
+use crate::segment::{CsumMode, Segment, SegmentError, SegmentOpts, SegmentSummary, Segmenter};
 use crate::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr, F_NEEDS_CSUM};
-
-#[derive(Clone, Debug)]
-pub struct FrameSpec {
-    /// TPIDs of the VLAN tags, outer first.
-    pub vlans: Vec<u16>,
-    pub v6: bool,
-    /// IPv4 options (padded with EOL to a multiple of 4).
-    pub ip4_opts: Vec<u8>,
-    /// IPv6 extension header types in order (0, 43, 60), each `8 * (1 + n)` bytes.
-    pub ip6_exts: Vec<(u8, u8)>,
-    pub tcp: bool,
-    /// TCP options (padded with EOL to a multiple of 4).
-    pub tcp_opts: Vec<u8>,
-    pub tcp_flags: u8,
-    pub ip_id: u16,
-    pub seq: u32,
-    pub payload: Vec<u8>,
-}
-
-impl Default for FrameSpec {
-    fn default() -> Self {
-        FrameSpec {
-            vlans: vec![],
-            v6: false,
-            ip4_opts: vec![],
-            ip6_exts: vec![],
-            tcp: true,
-            tcp_opts: vec![],
-            tcp_flags: 0x10,
-            ip_id: 0x1234,
-            seq: 1000,
-            payload: vec![],
-        }
-    }
-}
-
-pub fn pattern(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i * 7 + (i >> 8) * 13 + 1) as u8).collect()
-}
-
-/// TCP timestamps option (NOP NOP TS) as Linux sends it.
-pub fn tcp_timestamps() -> Vec<u8> {
-    vec![1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2]
-}
-
-fn pad4(mut v: Vec<u8>) -> Vec<u8> {
-    while !v.len().is_multiple_of(4) {
-        v.push(0);
-    }
-    v
-}
-
-fn sum_fold_be(words: Sum16BitWords) -> u16 {
-    !words.ones_complement().to_be()
-}
-
-/// The pseudo-header sum (folded, not inverted), as a guest leaves it in a partial
-/// checksum field. Computed with etherparse.
-fn pseudo(src: &[u8], dst: &[u8], proto: u8, len: usize) -> u16 {
-    let mut s = Sum16BitWords::new().add_slice(src).add_slice(dst);
-    s = if src.len() == 4 {
-        s.add_2bytes([0, proto])
-            .add_2bytes((len as u16).to_be_bytes())
-    } else {
-        s.add_4bytes((len as u32).to_be_bytes())
-            .add_4bytes([0, 0, 0, proto])
-    };
-    sum_fold_be(s)
-}
-
-/// Builds a frame as a guest would hand it over: lengths set, IPv4 header checksum
-/// valid, L4 checksum field holding the pseudo-header sum (CHECKSUM_PARTIAL).
-/// Returns the frame and its L4 offset.
-pub fn build(s: &FrameSpec) -> (Vec<u8>, usize) {
-    let mut f = vec![0x02, 0, 0, 0, 0, 0xbb, 0x02, 0, 0, 0, 0, 0xaa];
-    for (i, tpid) in s.vlans.iter().enumerate() {
-        f.extend_from_slice(&tpid.to_be_bytes());
-        f.extend_from_slice(&[0x20 | i as u8, 0x05]);
-    }
-    f.extend_from_slice(if s.v6 { &[0x86, 0xdd] } else { &[0x08, 0x00] });
-    let proto = if s.tcp { 6 } else { 17 };
-    let l3_off = f.len();
-    let mut l4 = Vec::new();
-    if s.tcp {
-        let opts = pad4(s.tcp_opts.clone());
-        let doff = (20 + opts.len()) / 4;
-        l4.extend_from_slice(&[0x30, 0x39, 0x01, 0xbb]);
-        l4.extend_from_slice(&s.seq.to_be_bytes());
-        l4.extend_from_slice(&0xabcd_0123u32.to_be_bytes());
-        l4.extend_from_slice(&[(doff as u8) << 4, s.tcp_flags, 0x72, 0x10, 0, 0, 0, 0]);
-        l4.extend(opts);
-    } else {
-        l4.extend_from_slice(&[0x30, 0x39, 0x11, 0x5c, 0, 0, 0, 0]);
-        let ul = (8 + s.payload.len()) as u16;
-        l4[4..6].copy_from_slice(&ul.to_be_bytes());
-    }
-    let l4_len = l4.len() + s.payload.len();
-    let (src, dst): (Vec<u8>, Vec<u8>);
-    if s.v6 {
-        src = (0..16).map(|i| 0x20 + i).collect();
-        dst = (0..16).map(|i| 0xfd - i).collect();
-        let mut exts = Vec::new();
-        let mut types: Vec<u8> = s.ip6_exts.iter().map(|e| e.0).collect();
-        types.push(proto);
-        for (i, (_, n)) in s.ip6_exts.iter().enumerate() {
-            let mut e = vec![0u8; 8 * (1 + usize::from(*n))];
-            e[0] = types[i + 1];
-            e[1] = *n;
-            if e.len() > 2 {
-                e[2] = 1; // PadN covering the rest
-                e[3] = (e.len() - 4) as u8;
-            }
-            exts.extend(e);
-        }
-        let plen = (exts.len() + l4_len) as u16;
-        f.extend_from_slice(&[0x60, 0x01, 0x23, 0x45]);
-        f.extend_from_slice(&plen.to_be_bytes());
-        f.extend_from_slice(&[types[0], 63]);
-        f.extend_from_slice(&src);
-        f.extend_from_slice(&dst);
-        f.extend(exts);
-    } else {
-        src = vec![192, 0, 2, 1];
-        dst = vec![198, 51, 100, 7];
-        let opts = pad4(s.ip4_opts.clone());
-        let ihl = (20 + opts.len()) / 4;
-        let tot = (ihl * 4 + l4_len) as u16;
-        f.extend_from_slice(&[0x40 | ihl as u8, 0x28]);
-        f.extend_from_slice(&tot.to_be_bytes());
-        f.extend_from_slice(&s.ip_id.to_be_bytes());
-        f.extend_from_slice(&[0x40, 0, 61, proto, 0, 0]);
-        f.extend_from_slice(&src);
-        f.extend_from_slice(&dst);
-        f.extend(opts);
-        let c = !sum_fold_be(Sum16BitWords::new().add_slice(&f[l3_off..]));
-        f[l3_off + 10..l3_off + 12].copy_from_slice(&c.to_be_bytes());
-    }
-    let l4_off = f.len();
-    let ps = pseudo(&src, &dst, proto, l4_len);
-    let co = if s.tcp { 16 } else { 6 };
-    l4[co..co + 2].copy_from_slice(&ps.to_be_bytes());
-    f.extend(l4);
-    f.extend_from_slice(&s.payload);
-    (f, l4_off)
-}
-
-/// The header a guest sends with a GSO frame (NEEDS_CSUM, csum at the L4 header).
-pub fn gso_hdr(kind: GsoKind, gso_size: u16, l4_off: usize, tcp: bool) -> VirtioNetHdr {
-    VirtioNetHdr {
-        flags: F_NEEDS_CSUM,
-        gso: GsoType::new(kind),
-        hdr_len: 0,
-        gso_size,
-        csum_start: l4_off as u16,
-        csum_offset: if tcp { 16 } else { 6 },
-        num_buffers: 1,
-    }
-}
-
-/// Splits `f` at the given points (sorted, clamped), keeping empty pieces.
-pub fn split<'a>(f: &'a [u8], points: &[usize]) -> Vec<&'a [u8]> {
-    let mut pts: Vec<usize> = points.iter().map(|p| (*p).min(f.len())).collect();
-    pts.sort_unstable();
-    let mut out = Vec::new();
-    let mut at = 0;
-    for p in pts {
-        out.push(&f[at..p]);
-        at = p;
-    }
-    out.push(&f[at..]);
-    out
-}
 
 /// One emitted segment, copied out.
 pub type Out = (VirtioNetHdr, Vec<u8>);
@@ -188,26 +16,13 @@ pub fn run(
     hdr: &VirtioNetHdr,
     frame: &[&[u8]],
     opts: &SegmentOpts,
-) -> Result<(SegmentSummary, Vec<Out>), super::SegmentError> {
+) -> Result<(SegmentSummary, Vec<Out>), SegmentError> {
     let mut segs = Vec::new();
     let sum = Segmenter::new().segment(hdr, frame, opts, |s: &Segment<'_>| {
         segs.push((s.vnet, s.to_vec()));
         true
     })?;
     Ok((sum, segs))
-}
-
-/// End of the IPv6 unfragmentable part of a frame built from `spec`.
-pub fn ip6_unfrag_end(spec: &FrameSpec) -> usize {
-    let mut at = 14 + 4 * spec.vlans.len() + 40;
-    let mut end = at;
-    for (t, n) in &spec.ip6_exts {
-        at += 8 * (1 + usize::from(*n));
-        if *t != 60 {
-            end = at;
-        }
-    }
-    end
 }
 
 /// What the oracle learnt from the output.
@@ -402,7 +217,11 @@ pub fn check(
                         (p.l4_off, 16)
                     );
                     let l4len = t.header_len() + p.payload.len();
-                    assert_eq!(t.checksum, pseudo(&src, &dst, 6, l4len), "partial TCP csum");
+                    assert_eq!(
+                        t.checksum,
+                        pseudo_sum(&src, &dst, 6, l4len),
+                        "partial TCP csum"
+                    );
                 } else {
                     assert_eq!(vnet.flags, 0);
                     assert_eq!(t.checksum, want, "TCP checksum of segment {i}");
@@ -452,7 +271,7 @@ pub fn check(
                     );
                     assert_eq!(
                         u.checksum,
-                        pseudo(&src, &dst, 17, 8 + p.payload.len()),
+                        pseudo_sum(&src, &dst, 17, 8 + p.payload.len()),
                         "partial UDP csum"
                     );
                 } else {
@@ -460,7 +279,7 @@ pub fn check(
                     assert_eq!(u.checksum, want, "UDP checksum of segment {i}");
                 }
                 assert!(p.payload.len() <= gso.max(spec.payload.len() * usize::from(ufo)));
-                assert_eq!((u.source_port, u.destination_port), (0x3039, 0x115c));
+                assert_eq!((u.source_port, u.destination_port), spec.ports());
                 out.payloads.push(p.payload.len());
                 assert_eq!(
                     p.payload[..],
