@@ -7,6 +7,7 @@
 
 pub mod control;
 pub mod daemon;
+pub mod ratelimit;
 pub mod socket;
 pub mod switch;
 pub mod uplink;

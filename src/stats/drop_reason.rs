@@ -90,6 +90,8 @@ drop_reasons! {
     Unsegmentable = "unsegmentable",
     /// A GSO frame whose IP or UDP length field disagrees with its size.
     LengthMismatch = "length_mismatch",
+    /// The guest's GSO frames would cost more software segments than its budget (4 million a second, 262,144 at once): a guest asking for tiny gso_size cannot slow the others.
+    SegmentBudget = "segment_budget",
 
     // The switch.
     /// A tagged frame from a guest on an access port.

@@ -59,6 +59,8 @@ pub struct Switch {
     /// belongs to that VLAN; any other uplink frame to the untagged domain.
     access: Vec<Vid>,
     rx_room: RxRoom,
+    /// What the uplinks were last programmed with.
+    programmed: Mutex<Option<Caps>>,
 }
 
 /// Where one frame goes, decided once: its source, its destination (or none: flood
@@ -101,6 +103,7 @@ impl Switch {
             fdb: Mutex::new(Fdb::new(aging)),
             access,
             rx_room: RxRoom::default(),
+            programmed: Mutex::new(None),
         }
     }
 
@@ -317,12 +320,21 @@ impl Switch {
     }
 
     /// What the connected guests accept, together: uplinks program their device from it.
+    /// Devices are programmed only when the union changes, so a guest resetting its
+    /// device in a loop costs no ioctls.
     pub fn caps_changed(&self) {
         let union = self
             .ports
             .iter()
             .filter_map(|p| p.rx_caps())
             .fold(Caps::default(), Caps::or);
+        {
+            let mut last = self.programmed.lock().unwrap_or_else(|e| e.into_inner());
+            if *last == Some(union) {
+                return;
+            }
+            *last = Some(union);
+        }
         for u in &self.uplinks {
             if let Err(e) = u.set_rx_offload(union) {
                 warn!(uplink = %u.name(), "cannot program uplink offloads: {e}");

@@ -97,7 +97,10 @@ impl VhostUserBackend for PortBackend {
 
     fn acked_features(&self, acked: u64) {
         let neg = Negotiated::from_acked(acked);
-        info!(port = %self.port.name(), acked = format_args!("{acked:#x}"), rx = ?neg.rx, tx = ?neg.tx, "guest acked features");
+        // A guest can reset its device in a loop: the line is rate-limited per port.
+        if let Some(quiet) = self.port.log.allow() {
+            info!(port = %self.port.name(), acked = format_args!("{acked:#x}"), rx = ?neg.rx, tx = ?neg.tx, suppressed = quiet, "guest acked features");
+        }
         self.port.set_negotiated(neg);
         self.switch.caps_changed();
     }

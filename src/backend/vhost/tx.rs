@@ -10,6 +10,7 @@ use super::port::{Port, Vring};
 use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::{Endpoint, Switch};
 use crate::frame::validate::tx_frame;
+use crate::frame::Frame;
 use crate::ring::avail_in_range;
 use crate::ring::tx::{self, TxError};
 use crate::stats::DropReason;
@@ -31,6 +32,11 @@ impl Default for TxWorker {
             ctx: DeliverCtx::default(),
         }
     }
+}
+
+/// What software segmentation of `frame` would cost at most: its planned segments.
+fn segments(frame: &Frame) -> usize {
+    frame.gso.map_or(1, |g| g.plan.segments)
 }
 
 /// Drains the TX queue of `pair`: every chain becomes a frame for the switch.
@@ -61,6 +67,9 @@ pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxW
                     port.stats.tx(f.len);
                     let parts = [&buf[f.start..f.start + f.len]];
                     match tx_frame(neg.tx, f.hdr, &parts) {
+                        Ok(frame) if !port.charge_segments(segments(&frame)) => {
+                            port.stats.drop(DropReason::SegmentBudget)
+                        }
                         Ok(frame) => switch.forward(Endpoint::Port(port.id), pair, &frame, ctx),
                         Err(reason) => port.stats.drop(reason),
                     }
@@ -71,7 +80,9 @@ pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxW
                 }
             }
             if let Err(e) = txq.add_used(head, 0) {
-                warn!(port = %port.name(), "add_used on TX failed: {e}");
+                if let Some(quiet) = port.log.allow() {
+                    warn!(port = %port.name(), suppressed = quiet, "add_used on TX failed: {e}");
+                }
             }
             done += 1;
         }

@@ -1,0 +1,132 @@
+//! Rate limits an outsider cannot exceed: a token bucket (the software segmentation a
+//! guest may cause) and a log limiter (the lines one port may write).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A token bucket: `rate` tokens a second, at most `burst` saved up.
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl TokenBucket {
+    pub fn new(rate: u64, burst: u64) -> TokenBucket {
+        TokenBucket {
+            rate: rate as f64,
+            burst: burst as f64,
+            state: Mutex::new((burst as f64, Instant::now())),
+        }
+    }
+
+    /// Takes `n` tokens if the bucket holds them; false (and nothing taken) if not.
+    /// The lock is the bucket's own, held for a few instructions.
+    pub fn take(&self, n: u64) -> bool {
+        self.take_at(n, Instant::now())
+    }
+
+    fn take_at(&self, n: u64, now: Instant) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (tokens, last) = *s;
+        let refilled = (tokens + now.saturating_duration_since(last).as_secs_f64() * self.rate)
+            .min(self.burst);
+        let n = n as f64;
+        if refilled >= n {
+            *s = (refilled - n, now);
+            true
+        } else {
+            *s = (refilled, now);
+            false
+        }
+    }
+}
+
+/// At most `per_window` lines per `window` for one source; the rest are counted and
+/// reported with the next line let through.
+pub struct LogLimit {
+    per_window: u64,
+    window: Duration,
+    epoch: Instant,
+    /// Window number (since `epoch`) and lines in it, packed: window << 32 | lines.
+    slot: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl LogLimit {
+    pub fn new(per_window: u64, window: Duration) -> LogLimit {
+        LogLimit {
+            per_window,
+            window,
+            epoch: Instant::now(),
+            slot: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a line may be written now; `Some(n)`: yes, and `n` lines were
+    /// suppressed before it.
+    pub fn allow(&self) -> Option<u64> {
+        let w = (self.epoch.elapsed().as_nanos() / self.window.as_nanos().max(1)) as u64;
+        let mut cur = self.slot.load(Relaxed);
+        loop {
+            let (cw, lines) = (cur >> 32, cur & 0xffff_ffff);
+            let next = if cw == w {
+                if lines >= self.per_window {
+                    self.suppressed.fetch_add(1, Relaxed);
+                    return None;
+                }
+                (w << 32) | (lines + 1)
+            } else {
+                (w << 32) | 1
+            };
+            match self.slot.compare_exchange_weak(cur, next, Relaxed, Relaxed) {
+                Ok(_) => return Some(self.suppressed.swap(0, Relaxed)),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+impl Default for LogLimit {
+    /// Ten lines every ten seconds.
+    fn default() -> Self {
+        LogLimit::new(10, Duration::from_secs(10))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_refills_at_its_rate_up_to_its_burst() {
+        let b = TokenBucket::new(1000, 100);
+        let t0 = Instant::now();
+        assert!(b.take_at(100, t0));
+        assert!(!b.take_at(1, t0));
+        // 50 ms at 1000/s: 50 tokens.
+        assert!(b.take_at(50, t0 + Duration::from_millis(50)));
+        assert!(!b.take_at(1, t0 + Duration::from_millis(50)));
+        // Never more than the burst, however long it rests.
+        assert!(!b.take_at(101, t0 + Duration::from_secs(60)));
+        assert!(b.take_at(100, t0 + Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn log_limit_lets_a_few_lines_through_and_counts_the_rest() {
+        let l = LogLimit::new(3, Duration::from_secs(3600));
+        assert_eq!(l.allow(), Some(0));
+        assert_eq!(l.allow(), Some(0));
+        assert_eq!(l.allow(), Some(0));
+        for _ in 0..5 {
+            assert_eq!(l.allow(), None);
+        }
+        let quick = LogLimit::new(1, Duration::from_millis(1));
+        assert_eq!(quick.allow(), Some(0));
+        assert_eq!(quick.allow(), None);
+        std::thread::sleep(Duration::from_millis(3));
+        assert_eq!(quick.allow(), Some(1), "the suppressed line is reported");
+    }
+}
