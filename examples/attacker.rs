@@ -7,6 +7,8 @@
 //! target/release/examples/attacker --attack rx-indirect --socket S2 --sink S3
 //! ```
 //!
+//! `idle` is the control: connected, 256 RX buffers posted, nothing else.
+//!
 //! Attacks (`--sink` is a second port the attacker also controls: a peer that takes no
 //! GSO, reads everything and, for the RX attacks, broadcasts `--broadcasts` ARP
 //! requests a second so that every port's RX path is exercised):
@@ -39,6 +41,7 @@ use vhost::VhostBackend;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Attack {
+    Idle,
     RxIndirect,
     RxIndirectNoneg,
     RxTiny,
@@ -182,7 +185,10 @@ fn post_bait(fe: &mut TestFrontend, attack: Attack) -> Result<()> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let needs_sink = !matches!(args.attack, Attack::AvailJump | Attack::ResetLoop);
+    let needs_sink = !matches!(
+        args.attack,
+        Attack::Idle | Attack::AvailJump | Attack::ResetLoop
+    );
     if needs_sink {
         let sink = args
             .sink
@@ -209,6 +215,13 @@ fn main() -> Result<()> {
     let start = Instant::now();
     let mut n = 0u64;
     match args.attack {
+        Attack::Idle => {
+            let mut fe = connect(&args.socket, HONEST, 256)?;
+            fe.post_rx(256, 2048)?;
+            while running() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         Attack::RxIndirect | Attack::RxIndirectNoneg | Attack::RxTiny => {
             let features = if args.attack == Attack::RxIndirectNoneg {
                 HONEST & !feat::INDIRECT_DESC

@@ -28,7 +28,7 @@ from harness.iperf import iperf3_guest_client, iperf3_guest_server  # noqa: E402
 from harness.process import HarnessError, stop  # noqa: E402
 from harness.qemu import vhost_user_netdev  # noqa: E402
 
-ATTACKS = ["rx-indirect", "rx-indirect-noneg", "rx-tiny", "avail-jump", "gso1",
+ATTACKS = ["idle", "rx-indirect", "rx-indirect-noneg", "rx-tiny", "avail-jump", "gso1",
            "mac-flood", "reset-loop"]
 ATTACKER = os.environ.get("GSONET_ATTACKER",
                           str(ROOT / "target" / "release" / "examples" / "attacker"))

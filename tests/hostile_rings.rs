@@ -432,8 +432,10 @@ fn a_jumped_tx_avail_index_is_counted_and_never_spun_on() {
     let cpu = cpu_time(d.pid()).unwrap() - cpu0;
     let wall = t0.elapsed();
     let s = d.stats().unwrap();
+    eprintln!("daemon CPU with a jumped avail index: {cpu:?} in {wall:?}");
+    // A spinning worker takes a core (less on a loaded machine, still far above this).
     assert!(
-        cpu.as_secs_f64() < 0.3 * wall.as_secs_f64(),
+        cpu.as_secs_f64() < 0.2 * wall.as_secs_f64(),
         "the daemon used {cpu:?} of CPU in {wall:?}\n{s:#}"
     );
     assert!(
