@@ -339,6 +339,19 @@ fn a_learned_address_moves_counted_and_at_most_once_a_second() {
 
 #[test]
 fn port_security_configuration_mistakes_exit_2() {
+    let help = std::process::Command::new(common::daemon::bin())
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for word in [
+        "mac_lock=on",
+        "mac_limit=N",
+        "trunk=on",
+        "allowed_vlans=LIST",
+    ] {
+        assert!(help.contains(word), "serve --help lacks {word}");
+    }
     for (spec, words) in [
         ("socket=/tmp/gsonet-hs-x.sock,mac_lock=on", "mac_lock"),
         (
