@@ -189,12 +189,16 @@ impl Switch {
         }
     }
 
-    /// Whether `e` carries VLANs tagged: uplinks and trunk ports.
-    fn sees_tags(&self, e: Endpoint) -> bool {
+    fn is_trunk_port(&self, e: Endpoint) -> bool {
         match e {
             Endpoint::Port(i) => self.roles.get(i).is_some_and(|r| r.trunk.is_some()),
-            Endpoint::Uplink(_) => true,
+            Endpoint::Uplink(_) => false,
         }
+    }
+
+    /// Whether `e` carries VLANs tagged: uplinks and trunk ports.
+    fn sees_tags(&self, e: Endpoint) -> bool {
+        matches!(e, Endpoint::Uplink(_)) || self.is_trunk_port(e)
     }
 
     /// Whether `e` takes part in `domain`: access ports of that VLAN, trunk ports that
@@ -213,8 +217,7 @@ impl Switch {
     /// Whether a frame of `domain` (`foreign`: carrying a tag no port uses) may go to
     /// `e`.
     fn reaches(&self, e: Endpoint, domain: Domain, foreign: bool) -> bool {
-        self.in_domain(e, domain)
-            && !(foreign && matches!(e, Endpoint::Port(_)) && self.sees_tags(e))
+        self.in_domain(e, domain) && !(foreign && self.is_trunk_port(e))
     }
 
     fn counters(&self, e: Endpoint) -> Option<&Counters> {
