@@ -78,6 +78,9 @@ pub struct PortConfig {
     /// Access VLAN: the guest sees VLAN `vlan` untagged; uplinks see it tagged.
     /// `None`: the untagged domain.
     pub vlan: Option<Vid>,
+    /// Map guest memory from files not sealed against shrinking (hugetlbfs or
+    /// /dev/shm files, DPDK's memfds): the frontend is trusted not to truncate them.
+    pub allow_unsealed_memory: bool,
 }
 
 impl PortConfig {
@@ -174,7 +177,7 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mtu, max_burst, vlan, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mtu, max_burst, vlan, allow_unsealed_memory, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC][,mtu=N][,vlan=N][,tso=off]...`.
     pub fn parse(s: &str) -> Result<PortConfig, ConfigError> {
@@ -192,6 +195,7 @@ impl PortConfig {
             max_burst: None,
             mask: FeatureMask::default(),
             vlan: None,
+            allow_unsealed_memory: false,
         };
         for (k, v) in kv {
             match k.as_str() {
@@ -203,6 +207,7 @@ impl PortConfig {
                 "mtu" => c.mtu = number(W, &k, &v, 68, 65535)?,
                 "max_burst" => c.max_burst = max_burst(W, &k, &v)?,
                 "vlan" => c.vlan = Vid::new(number(W, &k, &v, Vid::MIN, Vid::MAX)?),
+                "allow_unsealed_memory" => c.allow_unsealed_memory = on_off(W, &k, &v)?,
                 name if FeatureMask::NAMES.contains(&name) => {
                     let on = on_off(W, &k, &v)?;
                     c.mask.set(name, on);
@@ -535,6 +540,27 @@ mod tests {
         assert_eq!(c.ports[0].vlan, Vid::new(20));
         assert_eq!(c.ports[1].vlan, None);
         assert!(Config::from_toml("[[port]]\nsocket='a'\nvlan=5000").is_err());
+    }
+
+    #[test]
+    fn unsealed_memory_is_refused_unless_allowed() {
+        assert!(!PortConfig::parse("socket=a").unwrap().allow_unsealed_memory);
+        assert!(
+            PortConfig::parse("socket=a,allow_unsealed_memory=on")
+                .unwrap()
+                .allow_unsealed_memory
+        );
+        assert!(
+            PortConfig::parse("socket=a,allow_unsealed_memory")
+                .unwrap()
+                .allow_unsealed_memory
+        );
+        assert!(matches!(
+            PortConfig::parse("socket=a,allow_unsealed_memory=maybe"),
+            Err(ConfigError::BadValue { .. })
+        ));
+        let c = Config::from_toml("[[port]]\nsocket='a'\nallow_unsealed_memory=true").unwrap();
+        assert!(c.ports[0].allow_unsealed_memory);
     }
 
     #[test]

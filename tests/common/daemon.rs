@@ -207,6 +207,16 @@ impl Daemon {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// How the process ended, if it did.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The process id (for /proc/PID/fd and /proc/PID/status).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `gsonet stats --json` against this daemon.
     pub fn stats(&self) -> Result<Value> {
         stats_json(&self.control)
