@@ -49,6 +49,8 @@ Logging: RUST_LOG=gsonet=debug")]
         /// and receives untagged frames, uplinks carry them tagged with VID N, and it sees
         /// only VLAN N. Ports without vlan= form the untagged domain. Tagged frames a guest
         /// sends on an access port are dropped (tagged_on_access_port).
+        /// allow_unsealed_memory=on takes guest memory in files not sealed against shrinking
+        /// (hugetlbfs or /dev/shm files, DPDK); by default only sealed memfds are mapped.
         #[arg(long = "port", value_name = "SPEC")]
         ports: Vec<String>,
         /// An uplink: tap=NAME or dev=IFNAME, then [,queues=N][,gso=pass|software][,max_burst=N]
