@@ -32,10 +32,14 @@ test-full: setup build unit
 
 # Micro-benchmark of the segmentation engine, then the side-by-side iperf3 run
 # (gsonet vs QEMU virtio-net + tap vs DPDK testpmd; SECONDS=3 REPEATS=1 for a smoke
-# run). Results: results/bench-<timestamp>/.
+# run), then the noisy-neighbour run (two honest guests, one attacker with each
+# attack of examples/attacker.rs in turn; NOISY_SECONDS, NOISY_REPEATS).
+# Results: results/bench-<timestamp>/, results/noisy-<timestamp>/.
 bench: setup build
 	$(CARGO) bench --bench segment
 	python3 scripts/bench.py
+	$(CARGO) build --release --example attacker
+	python3 scripts/noisy.py
 
 lint:
 	$(CARGO) fmt --all -- --check

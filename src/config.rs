@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::features::FeatureMask;
-use crate::l2::{Mac, Vid};
+use crate::l2::{Mac, Vid, VlanSet};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -78,10 +78,24 @@ pub struct PortConfig {
     /// Access VLAN: the guest sees VLAN `vlan` untagged; uplinks see it tagged.
     /// `None`: the untagged domain.
     pub vlan: Option<Vid>,
+    /// `trunk=on`: the guest sends and receives these VLANs tagged (and the untagged
+    /// domain untagged). `None`: an access or untagged port, which sends untagged
+    /// frames only.
+    pub trunk: Option<VlanSet>,
+    /// Port security: the guest may send only from `mac` (needs `mac`).
+    pub mac_lock: bool,
+    /// Most addresses the switch learns on this port; past it, the port's own oldest
+    /// address is forgotten.
+    pub mac_limit: usize,
     /// Map guest memory from files not sealed against shrinking (hugetlbfs or
     /// /dev/shm files, DPDK's memfds): the frontend is trusted not to truncate them.
     pub allow_unsealed_memory: bool,
 }
+
+/// Addresses a port may have learned at once, unless `mac_limit=` says otherwise.
+pub const PORT_MAC_LIMIT: usize = 256;
+/// Smallest and largest `mac_limit`.
+pub const MAC_LIMIT_RANGE: (usize, usize) = (1, 65536);
 
 impl PortConfig {
     pub fn name(&self) -> String {
@@ -177,9 +191,10 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mtu, max_burst, vlan, allow_unsealed_memory, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
-    /// Parses `socket=PATH[,client][,queues=N][,mac=MAC][,mtu=N][,vlan=N][,tso=off]...`.
+    /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
+    /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,tso=off]...`.
     pub fn parse(s: &str) -> Result<PortConfig, ConfigError> {
         Self::from_pairs(pairs(s))
     }
@@ -195,8 +210,13 @@ impl PortConfig {
             max_burst: None,
             mask: FeatureMask::default(),
             vlan: None,
+            trunk: None,
+            mac_lock: false,
+            mac_limit: PORT_MAC_LIMIT,
             allow_unsealed_memory: false,
         };
+        let mut trunk = None;
+        let mut allowed = None;
         for (k, v) in kv {
             match k.as_str() {
                 "socket" | "path" => c.socket = PathBuf::from(&v),
@@ -207,6 +227,15 @@ impl PortConfig {
                 "mtu" => c.mtu = number(W, &k, &v, 68, 65535)?,
                 "max_burst" => c.max_burst = max_burst(W, &k, &v)?,
                 "vlan" => c.vlan = Vid::new(number(W, &k, &v, Vid::MIN, Vid::MAX)?),
+                "mac_lock" => c.mac_lock = on_off(W, &k, &v)?,
+                "mac_limit" => {
+                    let (lo, hi) = MAC_LIMIT_RANGE;
+                    c.mac_limit = number(W, &k, &v, lo, hi)?;
+                }
+                "trunk" => trunk = Some((on_off(W, &k, &v)?, v)),
+                "allowed_vlans" => {
+                    allowed = Some((v.parse::<VlanSet>().map_err(|e| bad(W, &k, &v, e))?, v))
+                }
                 "allow_unsealed_memory" => c.allow_unsealed_memory = on_off(W, &k, &v)?,
                 name if FeatureMask::NAMES.contains(&name) => {
                     let on = on_off(W, &k, &v)?;
@@ -226,6 +255,44 @@ impl PortConfig {
                 what: W,
                 key: "socket",
             });
+        }
+        if c.mac_lock && c.mac.is_none() {
+            return Err(bad(
+                W,
+                "mac_lock",
+                "on",
+                "a locked port may send only from its own address: give mac=MAC too",
+            ));
+        }
+        match (trunk, allowed) {
+            (Some((true, v)), None) => {
+                return Err(bad(
+                    W,
+                    "trunk",
+                    &v,
+                    "a trunk port needs allowed_vlans=LIST, e.g. allowed_vlans=10-20:30",
+                ))
+            }
+            (Some((true, _)), Some((set, _))) => {
+                if let Some(vid) = c.vlan {
+                    return Err(bad(
+                        W,
+                        "vlan",
+                        &vid.to_string(),
+                        "a trunk=on port carries its VLANs tagged; it cannot also be an access port",
+                    ));
+                }
+                c.trunk = Some(set);
+            }
+            (_, Some((_, v))) => {
+                return Err(bad(
+                    W,
+                    "allowed_vlans",
+                    &v,
+                    "only a trunk=on port has allowed VLANs",
+                ))
+            }
+            _ => {}
         }
         Ok(c)
     }
@@ -332,6 +399,15 @@ fn toml_pairs(t: BTreeMap<String, toml::Value>) -> Vec<(String, String)> {
             let s = match v {
                 toml::Value::String(s) => s,
                 toml::Value::Boolean(b) => (if b { "on" } else { "off" }).to_string(),
+                // A list (allowed_vlans = [10, "20-30"]) as the command line writes it.
+                toml::Value::Array(a) => a
+                    .into_iter()
+                    .map(|v| match v {
+                        toml::Value::String(s) => s,
+                        other => other.to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(":"),
                 other => other.to_string(),
             };
             (k, s)
@@ -540,6 +616,74 @@ mod tests {
         assert_eq!(c.ports[0].vlan, Vid::new(20));
         assert_eq!(c.ports[1].vlan, None);
         assert!(Config::from_toml("[[port]]\nsocket='a'\nvlan=5000").is_err());
+    }
+
+    #[test]
+    fn trunk_ports_and_port_security() {
+        let p = PortConfig::parse("socket=a,trunk=on,allowed_vlans=10-20:30").unwrap();
+        let t = p.trunk.unwrap();
+        assert!(t.contains(10) && t.contains(20) && t.contains(30) && !t.contains(21));
+        assert_eq!(p.vlan, None);
+        let p = PortConfig::parse("socket=a,allowed_vlans=5,trunk").unwrap();
+        assert_eq!(p.trunk.unwrap().to_string(), "5");
+        assert_eq!(PortConfig::parse("socket=a").unwrap().trunk, None);
+        assert!(PortConfig::parse("socket=a,trunk=off")
+            .unwrap()
+            .trunk
+            .is_none());
+        let err = |s: &str| PortConfig::parse(s).unwrap_err().to_string();
+        assert!(err("socket=a,trunk=on").contains("needs allowed_vlans="));
+        assert!(err("socket=a,allowed_vlans=10").contains("only a trunk=on port"));
+        assert!(err("socket=a,trunk=off,allowed_vlans=10").contains("only a trunk=on port"));
+        assert!(err("socket=a,trunk=on,allowed_vlans=10,vlan=10").contains("cannot also be"));
+        assert!(err("socket=a,vlan=10,trunk=on,allowed_vlans=10").contains("cannot also be"));
+        for bad in ["0", "4095", "20-10", "x", "10;20"] {
+            assert!(
+                err(&format!("socket=a,trunk=on,allowed_vlans={bad}")).contains("allowed_vlans"),
+                "{bad}"
+            );
+        }
+        assert!(err("socket=a,trunk=maybe,allowed_vlans=1").contains("trunk"));
+
+        let p = PortConfig::parse("socket=a,mac=52:54:00:00:00:01,mac_lock=on").unwrap();
+        assert!(p.mac_lock);
+        assert!(!PortConfig::parse("socket=a").unwrap().mac_lock);
+        assert!(err("socket=a,mac_lock=on").contains("give mac=MAC"));
+        assert!(PortConfig::parse("socket=a,mac_lock=off").is_ok());
+
+        assert_eq!(
+            PortConfig::parse("socket=a").unwrap().mac_limit,
+            PORT_MAC_LIMIT
+        );
+        assert_eq!(
+            PortConfig::parse("socket=a,mac_limit=4").unwrap().mac_limit,
+            4
+        );
+        for bad in ["0", "65537", "x"] {
+            assert!(err(&format!("socket=a,mac_limit={bad}")).contains("mac_limit"));
+        }
+
+        let c = Config::from_toml(
+            r#"
+            [[port]]
+            socket = "a"
+            trunk = true
+            allowed_vlans = [10, "20-22"]
+            [[port]]
+            socket = "b"
+            trunk = "on"
+            allowed_vlans = "7"
+            mac = "52:54:00:00:00:02"
+            mac_lock = true
+            mac_limit = 16
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.ports[0].trunk.as_ref().unwrap().to_string(), "10:20-22");
+        assert_eq!(c.ports[1].trunk.as_ref().unwrap().to_string(), "7");
+        assert!(c.ports[1].mac_lock && c.ports[1].mac_limit == 16);
+        assert!(Config::from_toml("[[port]]\nsocket='a'\nmac_lock=true").is_err());
+        assert!(Config::from_toml("[[port]]\nsocket='a'\ntrunk=true").is_err());
     }
 
     #[test]

@@ -129,6 +129,108 @@ impl fmt::Display for Vid {
     }
 }
 
+/// A set of VLAN ids, one bit each: a trunk port's allowed VLANs. Written as a
+/// `:`-separated list of ids and ranges, `10-20:30` (commas separate port options).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct VlanSet([u64; 64]);
+
+impl Default for VlanSet {
+    fn default() -> VlanSet {
+        VlanSet([0; 64])
+    }
+}
+
+impl VlanSet {
+    pub fn insert(&mut self, v: Vid) {
+        self.0[usize::from(v.0 / 64)] |= 1 << (v.0 % 64);
+    }
+
+    /// Whether the 12-bit VLAN id `vid` of a tag is in the set (0 and 4095 never are).
+    pub fn contains(&self, vid: u16) -> bool {
+        Vid::new(vid).is_some_and(|v| self.0[usize::from(v.0 / 64)] & (1 << (v.0 % 64)) != 0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|&w| w == 0)
+    }
+
+    /// The ids in the set, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = Vid> + '_ {
+        (Vid::MIN..=Vid::MAX).filter(|&v| self.contains(v)).map(Vid)
+    }
+}
+
+impl std::str::FromStr for VlanSet {
+    type Err = String;
+    /// Parses `10`, `10-20`, `10-20:30:40-41` (each id 1..4094, ranges ascending).
+    fn from_str(s: &str) -> Result<VlanSet, String> {
+        let id = |t: &str| -> Result<Vid, String> {
+            t.trim()
+                .parse::<u16>()
+                .ok()
+                .and_then(Vid::new)
+                .ok_or_else(|| {
+                    format!(
+                        "{t:?} is not a VLAN id {}..{} (a list looks like 10-20:30)",
+                        Vid::MIN,
+                        Vid::MAX
+                    )
+                })
+        };
+        let mut set = VlanSet::default();
+        for item in s.split(':') {
+            let (lo, hi) = match item.split_once('-') {
+                Some((a, b)) => (id(a)?, id(b)?),
+                None => (id(item)?, id(item)?),
+            };
+            if lo > hi {
+                return Err(format!("range {item:?} runs backwards"));
+            }
+            for v in lo.0..=hi.0 {
+                set.insert(Vid(v));
+            }
+        }
+        Ok(set)
+    }
+}
+
+impl fmt::Display for VlanSet {
+    /// The shortest list: runs of ids as ranges.
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let mut first = true;
+        let mut run: Option<(u16, u16)> = None;
+        let mut out = |f: &mut fmt::Formatter, (lo, hi): (u16, u16)| {
+            let sep = if first { "" } else { ":" };
+            first = false;
+            if lo == hi {
+                write!(f, "{sep}{lo}")
+            } else {
+                write!(f, "{sep}{lo}-{hi}")
+            }
+        };
+        for v in self.iter().map(Vid::get) {
+            run = match run {
+                Some((lo, hi)) if hi + 1 == v => Some((lo, v)),
+                Some(r) => {
+                    out(f, r)?;
+                    Some((v, v))
+                }
+                None => Some((v, v)),
+            };
+        }
+        if let Some(r) = run {
+            out(f, r)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for VlanSet {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "VlanSet({self})")
+    }
+}
+
 /// The broadcast domain of a frame: an access VLAN, or (`None`) the untagged domain.
 pub type Domain = Option<Vid>;
 
@@ -181,6 +283,21 @@ mod tests {
         assert!("01:00:5e:00:00:01".parse::<Mac>().is_err());
         assert!("zz".parse::<Mac>().is_err());
         assert!("52:54:00:00:00".parse::<Mac>().is_err());
+    }
+
+    #[test]
+    fn vlan_set_text() {
+        let s: VlanSet = "10-20:30:4094".parse().unwrap();
+        assert!(s.contains(10) && s.contains(15) && s.contains(20) && s.contains(30));
+        assert!(!s.contains(9) && !s.contains(21) && !s.contains(0) && !s.contains(4095));
+        assert!(s.contains(4094));
+        assert_eq!(s.iter().count(), 13);
+        assert_eq!(s.to_string(), "10-20:30:4094");
+        assert_eq!("5:3:4:1".parse::<VlanSet>().unwrap().to_string(), "1:3-5");
+        for bad in ["", "0", "4095", "20-10", "a", "1,2", "1-", ":", "10:"] {
+            assert!(bad.parse::<VlanSet>().is_err(), "{bad:?}");
+        }
+        assert!(VlanSet::default().is_empty() && !s.is_empty());
     }
 
     #[test]

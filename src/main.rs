@@ -34,6 +34,7 @@ gsonet serve --port socket=/run/gsonet/vm1.sock --port socket=/run/gsonet/vm2.so
 gsonet serve --port socket=/tmp/vm1.sock,queues=2,tso=off --uplink tap=gs0,gso=software\n  \
 gsonet serve --port socket=/run/gsonet/vm1.sock --uplink dev=eth1,queues=2,bypass=on\n  \
 gsonet serve --port socket=/tmp/web.sock,vlan=10 --port socket=/tmp/db.sock,vlan=20 --uplink tap=gs0\n  \
+gsonet serve --port socket=/tmp/vm1.sock,mac=52:54:00:00:00:01,mac_lock=on --port socket=/tmp/rt.sock,trunk=on,allowed_vlans=10:20-29 --uplink tap=gs0\n  \
 gsonet serve --config /etc/gsonet.toml\n\n\
 Attach a guest (its RAM must be shared):\n  \
 qemu-system-x86_64 ... -object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \\\n    \
@@ -41,14 +42,25 @@ qemu-system-x86_64 ... -object memory-backend-memfd,id=mem,size=1G,share=on -num
 -device virtio-net-pci,netdev=n0,mrg_rxbuf=on\n\n\
 Logging: RUST_LOG=gsonet=debug")]
     Serve {
-        /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mtu=N][,max_burst=N][,vlan=N]
+        /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mac_lock=on][,mac_limit=N]
+        /// [,mtu=N][,max_burst=N][,vlan=N | ,trunk=on,allowed_vlans=LIST]
         /// and offload switches offloads|csum|guest_csum|tso|ecn|ufo|uso|mrg_rxbuf|event_idx|indirect_desc=on|off.
         /// gsonet listens on PATH (QEMU connects); with `client` it connects to a QEMU started
         /// with server=on. Repeat for more guests.
+        /// mac=MAC is pinned to the port: frames from that address elsewhere are dropped.
+        /// mac_lock=on (needs mac=): the guest may send only from its mac= (mac_spoofed).
+        /// mac_limit=N (default 256): addresses learned on the port at once; past it the
+        /// port's own oldest is forgotten. A learned address moves between ports at most
+        /// once a second (mac_moves, mac_move_refused).
         /// vlan=N (1..4094) makes the port an 802.1Q access port of VLAN N: its guest sends
         /// and receives untagged frames, uplinks carry them tagged with VID N, and it sees
-        /// only VLAN N. Ports without vlan= form the untagged domain. Tagged frames a guest
-        /// sends on an access port are dropped (tagged_on_access_port).
+        /// only VLAN N. Tagged frames a guest sends on an access port are dropped
+        /// (tagged_on_access_port).
+        /// trunk=on,allowed_vlans=LIST (ids and ranges joined by ':', e.g. 10-20:30) makes
+        /// it a trunk port: the guest sends and receives those VLANs 802.1Q-tagged and the
+        /// untagged domain untagged; other tags are dropped (vlan_not_allowed). Not with vlan=.
+        /// Ports with neither form the untagged domain and send untagged frames only: any
+        /// tag, 802.1ad and double tags included, is dropped (tagged_on_untagged_port).
         /// allow_unsealed_memory=on takes guest memory in files not sealed against shrinking
         /// (hugetlbfs or /dev/shm files, DPDK); by default only sealed memfds are mapped.
         #[arg(long = "port", value_name = "SPEC")]
@@ -175,6 +187,9 @@ fn print_counters(s: &Snapshot) {
         s.max_mss,
         s.csum_completed
     );
+    if s.mac_moves > 0 {
+        println!("  mac moves to it: {}", s.mac_moves);
+    }
     if !s.drops.is_empty() {
         let d: Vec<String> = s.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!("  drops: {}", d.join(" "));

@@ -22,6 +22,8 @@
 //!   DATA_VALID, none without GUEST_CSUM; a GSO type only one it acked (ECN included),
 //!   always with NEEDS_CSUM at the L4 header (csum_offset 16 / 6) and a gso_size;
 //! - what reaches a peer from A's hostile frame, by what A sent:
+//!   * a tagged frame (802.1Q, 802.1ad, 0x9100) reaches no peer: A is an untagged
+//!     port, which sends untagged frames only;
 //!   * a non-GSO frame is forwarded as a switch would: exactly one frame, byte-exact
 //!     once both sides' partial checksums are finished. Its L4 content may be garbage:
 //!     a plain frame is not parsed (neither does a Linux bridge), and DATA_VALID from
@@ -402,10 +404,36 @@ fn check_wellformed(f: &[u8]) -> Result<Piece, String> {
     })
 }
 
+/// Whether a frame starts with a VLAN tag (802.1Q, 802.1ad, 0x9100), which a guest on
+/// an untagged port may not send.
+fn is_tagged(f: &[u8]) -> bool {
+    f.len() >= 14 && matches!(u16::from_be_bytes([f[12], f[13]]), 0x8100 | 0x88a8 | 0x9100)
+}
+
+/// `f` without its VLAN tags, the header's offsets moved to match.
+fn untag(h: &mut VirtioNetHdr, f: &mut Vec<u8>) {
+    while is_tagged(f) {
+        f.drain(12..16);
+        if h.needs_csum() {
+            h.csum_start -= 4;
+        }
+        if h.hdr_len != 0 {
+            h.hdr_len -= 4;
+        }
+    }
+}
+
 /// Checks what one peer received for one frame A sent.
 fn check_outputs(p: &Peer, sent: &Sent, got: &[RxFrame]) -> Result<(), String> {
     for r in got {
         check_rx_header(p.rx_feats, &r.hdr, &r.frame)?;
+    }
+    if is_tagged(&sent.frame) {
+        // A is an untagged port: it sends untagged frames only.
+        if got.is_empty() {
+            return Ok(());
+        }
+        return Err(format!("{} frames from a tagged frame", got.len()));
     }
     if !sent.known_gso_type() || sent.frame.len() < 14 {
         if got.is_empty() {
@@ -988,8 +1016,10 @@ impl Harness {
         rng: &mut Rng,
     ) -> (VirtioNetHdr, Vec<u8>) {
         self.seq = self.seq.wrapping_add(1);
-        let (h, mut f) = valid_frame(rng, to, false);
+        let (mut h, mut f) = valid_frame(rng, to, false);
         f[6..12].copy_from_slice(&from);
+        // Every port here is untagged: good frames are too.
+        untag(&mut h, &mut f);
         // The partial checksum does not cover the MAC addresses: still valid.
         (h, f)
     }

@@ -454,18 +454,25 @@ fn tso4_to_tap_with_software_gso_is_segmented() {
     assert_eq!(uplink_counter(&s, 0, "gso_passed"), 0, "{s:#}");
 }
 
-/// A guest that stops reading its RX queue may cost frames for itself, never a stall
-/// for the others behind the same tap: after `RX_STALL` the tap reader stops waiting
-/// for it and drops its frames at once (`rx_queue_stalled`).
-#[test]
-fn a_guest_that_stops_reading_does_not_hold_up_the_others() {
-    require_tun!();
+/// Two guests behind one tap: A with `a_rx` RX buffers, B with plenty; each has said
+/// hello (so the switch knows both MACs), and the host then sent 40 UDP frames to
+/// each, interleaved (A's to port 7000, B's to 7001).
+struct TwoBehindTap {
+    d: Daemon,
+    host: PacketSock,
+    a: TestFrontend,
+    b: TestFrontend,
+    /// When the host started sending the 80 frames.
+    sent_at: std::time::Instant,
+}
+
+fn two_behind_tap(a_rx: usize) -> TwoBehindTap {
     let d = Daemon::start(&DaemonSpec::ports(2).with_tap("")).expect("start gsonet");
     let host = PacketSock::bind(d.tap.as_ref().unwrap(), true).expect("AF_PACKET on the tap");
     let (mac_a, mac_b) = (frames::mac(0x1a), frames::mac(0x1b));
     let mut a = TestFrontend::connect(&d.sockets[0], opts(FEATS)).expect("frontend A");
     let mut b = TestFrontend::connect(&d.sockets[1], opts(FEATS)).expect("frontend B");
-    a.post_rx(4, 2048).unwrap();
+    a.post_rx(a_rx, 2048).unwrap();
     b.post_rx(256, 2048).unwrap();
     for (fe, mac) in [(&mut a, mac_a), (&mut b, mac_b)] {
         let (h, f) = frames::udp(
@@ -477,16 +484,38 @@ fn a_guest_that_stops_reading_does_not_hold_up_the_others() {
         host.collect(T, |s| s.frame == f, |v| !v.is_empty())
             .unwrap();
     }
-    // 40 frames for A (which never reads again) interleaved with 40 for B.
-    let n = 40;
-    let start = std::time::Instant::now();
-    for i in 0..n {
+    let sent_at = std::time::Instant::now();
+    for i in 0..40 {
         for (mac, port) in [(mac_a, 7000), (mac_b, 7001)] {
             let flow = Flow::new(far_mac(), mac, Ips::v4()).ports(port, 9);
             let (h, f) = frames::udp(&flow, &frames::payload(200, i), UdpGso::None);
             host.send(&h, &f).unwrap();
         }
     }
+    TwoBehindTap {
+        d,
+        host,
+        a,
+        b,
+        sent_at,
+    }
+}
+
+/// A guest that stops reading its RX queue may cost frames for itself, never a stall
+/// for the others behind the same tap: after `RX_STALL` the tap reader stops waiting
+/// for it and drops its frames at once (`rx_queue_stalled`).
+#[test]
+fn a_guest_that_stops_reading_does_not_hold_up_the_others() {
+    require_tun!();
+    let TwoBehindTap {
+        d,
+        host: _host,
+        a: _a,
+        mut b,
+        sent_at: start,
+    } = two_behind_tap(4);
+    // 40 frames for A (which never reads again) came interleaved with 40 for B.
+    let n = 40;
     let mut got = 0;
     while got < n as usize && start.elapsed() < Duration::from_secs(10) {
         if recv_where(&mut b, Duration::from_millis(200), |x| {
@@ -529,34 +558,14 @@ fn a_guest_that_stops_reading_does_not_hold_up_the_others() {
 #[test]
 fn a_guest_that_trickles_buffers_does_not_slow_the_others() {
     require_tun!();
-    let d = Daemon::start(&DaemonSpec::ports(2).with_tap("")).expect("start gsonet");
-    let host = PacketSock::bind(d.tap.as_ref().unwrap(), true).expect("AF_PACKET on the tap");
-    let (mac_a, mac_b) = (frames::mac(0x2a), frames::mac(0x2b));
-    let mut a = TestFrontend::connect(&d.sockets[0], opts(FEATS)).expect("frontend A");
-    let mut b = TestFrontend::connect(&d.sockets[1], opts(FEATS)).expect("frontend B");
-    a.post_rx(1, 2048).unwrap();
-    b.post_rx(256, 2048).unwrap();
-    for (fe, mac) in [(&mut a, mac_a), (&mut b, mac_b)] {
-        let (h, f) = frames::udp(
-            &Flow::new(mac, frames::BROADCAST, Ips::v4()).ports(68, 67),
-            b"hi",
-            UdpGso::None,
-        );
-        fe.send(&h, &f, TxLayout::Single).unwrap();
-        host.collect(T, |s| s.frame == f, |v| !v.is_empty())
-            .unwrap();
-    }
-    // Take the hello frame, if A's one buffer got it, so A starts empty.
-    let _ = recv_where(&mut a, Duration::from_millis(200), |_| true);
+    let TwoBehindTap {
+        d,
+        host: _host,
+        mut a,
+        mut b,
+        sent_at: start,
+    } = two_behind_tap(1);
     let n = 40;
-    let start = std::time::Instant::now();
-    for i in 0..n {
-        for (mac, port) in [(mac_a, 7000), (mac_b, 7001)] {
-            let flow = Flow::new(far_mac(), mac, Ips::v4()).ports(port, 9);
-            let (h, f) = frames::udp(&flow, &frames::payload(200, i), UdpGso::None);
-            host.send(&h, &f).unwrap();
-        }
-    }
     let (mut got_b, mut got_a) = (0, 0);
     let mut next_buffer = std::time::Instant::now();
     while got_b < n as usize && start.elapsed() < Duration::from_secs(10) {

@@ -372,6 +372,24 @@ mod tests {
         }
     }
 
+    /// Writes `data` behind a default header with MRG_RXBUF.
+    fn mrg_write(
+        q: &mut Queue,
+        m: &GuestMem,
+        scratch: &mut RxScratch,
+        indirect: bool,
+        data: &[u8],
+    ) -> Result<usize, RxError> {
+        write_frame(
+            q,
+            m,
+            scratch,
+            &VirtioNetHdr::default(),
+            fmt(indirect),
+            &[data],
+        )
+    }
+
     #[test]
     fn hostile_chains_cost_bounded_work_and_are_consumed() {
         let m = mem();
@@ -383,14 +401,7 @@ mod tests {
             post_indirect(&m, &mock, n, len);
             let mut q: Queue = mock.create_queue().unwrap();
             let mut scratch = RxScratch::default();
-            let r = write_frame(
-                &mut q,
-                &m,
-                &mut scratch,
-                &VirtioNetHdr::default(),
-                fmt(indirect),
-                &[&data],
-            );
+            let r = mrg_write(&mut q, &m, &mut scratch, indirect, &data);
             assert_eq!(r, Err(RxError::BadChain), "{indirect} {n} {len}");
             // The chain was consumed (returned used, empty): the ring goes on.
             assert_eq!(mock.used().idx().load(), 1);
@@ -405,14 +416,7 @@ mod tests {
         let mock = MockSplitQueue::new(&m, 16);
         post_indirect(&m, &mock, 4, 64);
         let mut q: Queue = mock.create_queue().unwrap();
-        let r = write_frame(
-            &mut q,
-            &m,
-            &mut RxScratch::default(),
-            &VirtioNetHdr::default(),
-            fmt(true),
-            &[&pattern(100)],
-        );
+        let r = mrg_write(&mut q, &m, &mut RxScratch::default(), true, &pattern(100));
         assert_eq!(r, Ok(1));
         assert_eq!(used(&mock, 0), (0, 112));
     }
@@ -424,27 +428,13 @@ mod tests {
         post(&mock, 400, 1, 16);
         let mut q: Queue = mock.create_queue().unwrap();
         let mut scratch = RxScratch::default();
-        let r = write_frame(
-            &mut q,
-            &m,
-            &mut scratch,
-            &VirtioNetHdr::default(),
-            fmt(false),
-            &[&pattern(6000)],
-        );
+        let r = mrg_write(&mut q, &m, &mut scratch, false, &pattern(6000));
         assert_eq!(r, Err(RxError::TooFragmented));
         // Nothing claimed: the buffers stay posted for frames that fit.
         assert_eq!(q.next_avail(), 0);
         assert_eq!(mock.used().idx().load(), 0);
         assert!(scratch.chains.capacity() <= 2 * MAX_CHAINS_PER_FRAME);
-        let r = write_frame(
-            &mut q,
-            &m,
-            &mut scratch,
-            &VirtioNetHdr::default(),
-            fmt(false),
-            &[&pattern(200)],
-        );
+        let r = mrg_write(&mut q, &m, &mut scratch, false, &pattern(200));
         assert_eq!(r, Ok(14));
     }
 }

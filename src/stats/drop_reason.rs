@@ -96,8 +96,18 @@ drop_reasons! {
     // The switch.
     /// A tagged frame from a guest on an access port.
     TaggedOnAccessPort = "tagged_on_access_port",
-    /// A frame from an untagged-domain guest tagged with some port's access VLAN.
+    /// A frame from a guest on an untagged port tagged with a VLAN some port uses (an access VLAN or a trunk port's allowed VID).
     TaggedWithAccessVlan = "tagged_with_access_vlan",
+    /// Any other tagged frame (802.1Q with any VID, priority tags included, 802.1ad, 0x9100) from a guest on a port without vlan= or trunk=on: such ports send untagged frames only.
+    TaggedOnUntaggedPort = "tagged_on_untagged_port",
+    /// A frame from a trunk=on port tagged with a VID outside its allowed_vlans, with a priority tag, or with an 802.1ad/0x9100 outer tag.
+    VlanNotAllowed = "vlan_not_allowed",
+    /// A frame from a mac_lock=on port whose source MAC is not the port's mac=.
+    MacSpoofed = "mac_spoofed",
+    /// A frame whose source MAC is another port's mac= (in the same VLAN): a configured address never moves.
+    MacPinnedElsewhere = "mac_pinned_elsewhere",
+    /// A frame whose source MAC was learned on another port or uplink and moved there less than a second ago: an address moves at most once a second, so two endpoints claiming it cannot thrash the table.
+    MacMoveRefused = "mac_move_refused",
     /// A checksum that would start inside the VLAN tag being removed, or offsets that overflow when one is added.
     VlanBadOffsets = "vlan_bad_offsets",
 

@@ -31,6 +31,8 @@ pub struct Counters {
     pub max_mss: AtomicU64,
     pub min_mss: AtomicU64,
     pub csum_completed: AtomicU64,
+    /// Learned addresses that moved to this endpoint from another.
+    pub mac_moves: AtomicU64,
     drops: DropCounters,
 }
 
@@ -59,6 +61,8 @@ pub struct Snapshot {
     pub max_mss: u64,
     pub min_mss: u64,
     pub csum_completed: u64,
+    #[serde(default)]
+    pub mac_moves: u64,
     /// Non-zero drop counters by `DropReason::name`.
     pub drops: BTreeMap<String, u64>,
 }
@@ -126,6 +130,7 @@ impl Counters {
             max_mss: g(&self.max_mss),
             min_mss: g(&self.min_mss),
             csum_completed: g(&self.csum_completed),
+            mac_moves: g(&self.mac_moves),
             drops: DropReason::ALL
                 .iter()
                 .map(|&r| (r.name().to_string(), self.drops(r)))

@@ -202,6 +202,16 @@ impl Daemon {
         s
     }
 
+    /// The daemon's process id (for /proc/PID/status and /proc/PID/stat).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Lines in the daemon's log so far.
+    pub fn log_lines(&self) -> usize {
+        self.log_text().lines().count()
+    }
+
     /// Whether the process is still running.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -210,11 +220,6 @@ impl Daemon {
     /// How the process ended, if it did.
     pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
-    }
-
-    /// The process id (for /proc/PID/fd and /proc/PID/status).
-    pub fn pid(&self) -> u32 {
-        self.child.id()
     }
 
     /// `gsonet stats --json` against this daemon.
@@ -298,4 +303,28 @@ pub fn drops_total(stats: &Value) -> u64 {
         .as_object()
         .map(|m| m.values().filter_map(|v| v.as_u64()).sum())
         .unwrap_or(0)
+}
+
+/// Resident memory of process `pid` in bytes (VmRSS of /proc/PID/status).
+pub fn rss_bytes(pid: u32) -> Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .context("VmRSS in /proc/PID/status")?;
+    Ok(kb * 1024)
+}
+
+/// CPU time (user + system, all threads) process `pid` has used so far.
+pub fn cpu_time(pid: u32) -> Result<Duration> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces): state is field 3,
+    // utime and stime fields 14 and 15.
+    let rest = s.rsplit_once(')').context("/proc/PID/stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Ok(Duration::from_millis(ticks * 1000 / hz))
 }

@@ -934,6 +934,43 @@ impl TestFrontend {
         Ok(head)
     }
 
+    /// Write `table` into freshly allocated guest memory (never freed) as a
+    /// descriptor table (`next` is an index within the table); returns its GPA, for
+    /// indirect descriptors pushed with `push_raw`.
+    pub fn alloc_table(&mut self, table: &[RawDesc]) -> Result<u64> {
+        let mut allocs = Vec::new();
+        self.write_indirect_table(table, &mut allocs)
+    }
+
+    /// Publish an avail index `ahead` entries past the real one on `queue` (nothing
+    /// behind it) and kick: a ring no device can make sense of.
+    pub fn jump_avail(&mut self, queue: usize, ahead: u16) -> Result<()> {
+        let q = &mut self.queues[queue];
+        let idx = q.avail_idx.wrapping_add(ahead);
+        self.mem
+            .store(idx.to_le(), GuestAddress(q.avail + 2), Ordering::Release)?;
+        q.kick.write(1)?;
+        q.stats.kicks += 1;
+        Ok(())
+    }
+
+    /// Kick `queue` regardless of notification suppression.
+    pub fn kick(&mut self, queue: usize) -> Result<()> {
+        let q = &mut self.queues[queue];
+        q.kick.write(1)?;
+        q.stats.kicks += 1;
+        Ok(())
+    }
+
+    /// Fill the counter of `queue`'s call eventfd to its maximum, as a guest that
+    /// never takes its interrupts would: the device's next signal finds it full.
+    pub fn fill_call(&mut self, queue: usize) -> Result<()> {
+        let q = &self.queues[queue];
+        let _ = q.call.read();
+        q.call.write(u64::MAX - 1)?;
+        Ok(())
+    }
+
     /// Reclaim used TX chains until none is in flight; returns how many were reclaimed.
     /// Errors if some are still outstanding after `timeout`.
     pub fn wait_tx_done(&mut self, timeout: Duration) -> Result<usize> {

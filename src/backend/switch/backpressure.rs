@@ -17,12 +17,12 @@ use crate::stats::DropReason;
 use crate::vnet_hdr::VirtioNetHdr;
 
 /// How long a guest may keep its RX queue full before senders stop waiting for it;
-/// also the longest a frame is held for a full queue.
+/// also how long frames are held for a destination that takes none of them.
 pub const RX_STALL: Duration = Duration::from_millis(200);
 /// Frames held for one destination; more are dropped (`rx_queue_full`).
-pub const HOLD_FRAMES: usize = 32;
+pub const HOLD_FRAMES: usize = 256;
 /// Bytes one sender holds for all destinations together.
-pub const HOLD_BYTES: usize = 2 << 20;
+pub const HOLD_BYTES: usize = 8 << 20;
 
 /// How long one guest's RX queue has been full.
 pub struct StallClock {
@@ -93,7 +93,6 @@ struct HeldFrame {
     gso: Option<GsoLayout>,
     queue: usize,
     sent: usize,
-    since: Instant,
 }
 
 impl HeldFrame {
@@ -107,56 +106,73 @@ impl HeldFrame {
             gso: frame.gso,
             queue,
             sent,
-            since: Instant::now(),
         }
     }
 }
 
+/// Frames held for one destination, and when it last took one.
+struct HeldFor {
+    dst: Endpoint,
+    frames: VecDeque<HeldFrame>,
+    progress: Instant,
+}
+
 /// The frames one sender holds, per destination, in arrival order; bounded by
-/// `HOLD_FRAMES` per destination and `HOLD_BYTES` in all.
+/// `HOLD_FRAMES` per destination and `HOLD_BYTES` in all. A destination that takes
+/// none of its frames for `RX_STALL` loses them; one that keeps taking them, however
+/// slowly, loses none within the bounds (flow control, as a NIC's pause frames).
 #[derive(Default)]
 pub struct Held {
-    by_dst: Vec<(Endpoint, VecDeque<HeldFrame>)>,
+    by_dst: Vec<HeldFor>,
     bytes: usize,
     seen_room: u64,
 }
 
 impl Held {
     pub fn is_empty(&self) -> bool {
-        self.bytes == 0 && self.by_dst.iter().all(|(_, q)| q.is_empty())
+        self.bytes == 0 && self.by_dst.iter().all(|h| h.frames.is_empty())
     }
 
-    fn queue_of(&mut self, dst: Endpoint) -> &mut VecDeque<HeldFrame> {
-        let i = match self.by_dst.iter().position(|(e, _)| *e == dst) {
+    fn queue_of(&mut self, dst: Endpoint) -> &mut HeldFor {
+        let i = match self.by_dst.iter().position(|h| h.dst == dst) {
             Some(i) => i,
             None => {
-                self.by_dst.push((dst, VecDeque::new()));
+                self.by_dst.push(HeldFor {
+                    dst,
+                    frames: VecDeque::new(),
+                    progress: Instant::now(),
+                });
                 self.by_dst.len() - 1
             }
         };
-        &mut self.by_dst[i].1
+        &mut self.by_dst[i]
     }
 
     fn has_for(&self, dst: Endpoint) -> bool {
-        self.by_dst.iter().any(|(e, q)| *e == dst && !q.is_empty())
+        self.by_dst
+            .iter()
+            .any(|h| h.dst == dst && !h.frames.is_empty())
     }
 
     /// Holds a copy of `frame` for `dst`, or drops it (counted) when the bounds are
     /// reached.
     fn hold(&mut self, switch: &Switch, dst: Endpoint, frame: &Frame, queue: usize, sent: usize) {
-        let q_len = self.queue_of(dst).len();
+        let q_len = self.queue_of(dst).frames.len();
         if q_len >= HOLD_FRAMES || self.bytes + frame.len > HOLD_BYTES {
             switch.count_drop(dst, DropReason::RxQueueFull);
             return;
         }
         self.bytes += frame.len;
-        self.queue_of(dst)
-            .push_back(HeldFrame::copy(frame, queue, sent));
+        let held = self.queue_of(dst);
+        if held.frames.is_empty() {
+            held.progress = Instant::now();
+        }
+        held.frames.push_back(HeldFrame::copy(frame, queue, sent));
     }
 
     /// Re-delivers held frames, oldest first per destination, when some guest added
-    /// buffers since the last try; frames held longer than `RX_STALL` are dropped.
-    /// Never waits.
+    /// buffers since the last try; a destination that took none for `RX_STALL` loses
+    /// what is held for it. Never waits.
     pub fn retry(&mut self, switch: &Switch, ctx: &mut DeliverCtx) {
         if self.is_empty() {
             return;
@@ -165,10 +181,11 @@ impl Held {
         let moved = room != self.seen_room;
         self.seen_room = room;
         let now = Instant::now();
-        for (dst, q) in self.by_dst.iter_mut() {
-            while let Some(h) = q.front_mut() {
-                if now.duration_since(h.since) >= RX_STALL {
-                    switch.count_drop(*dst, DropReason::RxQueueFull);
+        for held in self.by_dst.iter_mut() {
+            let dst = held.dst;
+            while let Some(h) = held.frames.front_mut() {
+                if now.duration_since(held.progress) >= RX_STALL {
+                    switch.count_drop(dst, DropReason::RxQueueFull);
                 } else if moved {
                     let parts = [&h.bytes[..]];
                     let frame = Frame {
@@ -180,17 +197,20 @@ impl Held {
                         tag: h.tag,
                         gso: h.gso,
                     };
-                    match switch.deliver_to(*dst, h.queue, &frame, ctx, OnFull::Return, h.sent) {
+                    match switch.deliver_to(dst, h.queue, &frame, ctx, OnFull::Return, h.sent) {
                         Some(out) if out.path == Path::Dropped(DropReason::RxQueueFull) => {
+                            if out.sent > h.sent {
+                                held.progress = now;
+                            }
                             h.sent = out.sent;
                             break;
                         }
-                        _ => {}
+                        _ => held.progress = now,
                     }
                 } else {
                     break;
                 }
-                if let Some(done) = q.pop_front() {
+                if let Some(done) = held.frames.pop_front() {
                     self.bytes -= done.bytes.len();
                 }
             }

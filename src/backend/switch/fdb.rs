@@ -1,75 +1,279 @@
-//! The forwarding database: which endpoint each (VLAN, MAC) was last seen on, with
-//! aging, operator-pinned addresses, and a bound on its size.
+//! The forwarding database: which endpoint each (VLAN, MAC) was last seen on. Each
+//! port and uplink learns into its own bounded LRU list, so an endpoint that floods
+//! source addresses only ever evicts its own; every operation a frame makes is O(1).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::Endpoint;
 use crate::l2::{Domain, Mac};
+use crate::stats::DropReason;
 
 /// An address within its broadcast domain: the same MAC may live in several VLANs.
 pub type FdbKey = (Domain, Mac);
 
-/// Most addresses the learning table holds.
-pub const FDB_MAX: usize = 8192;
+/// Addresses an uplink (a whole LAN behind it) may have learned at once.
+pub const UPLINK_MAC_LIMIT: usize = 8192;
 
-/// MAC learning table with aging, one address space per VLAN.
+/// How long a learned address that moved stays before it may move again: two
+/// endpoints sending from one address make it move at most once per `MOVE_HOLD`.
+pub const MOVE_HOLD: Duration = Duration::from_secs(1);
+
+/// Aged entries at the cold end of an endpoint's list that one `learn` reclaims:
+/// each entry is removed once, so this keeps `learn` O(1) and the lists clean.
+const REAP_PER_LEARN: usize = 4;
+
+/// What learning a frame's source address did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Learned {
+    /// Already there (refreshed), pinned there, or a group address (never learned).
+    Known,
+    /// A new address for the endpoint.
+    New,
+    /// The address moved here from `from`.
+    Moved { from: Endpoint },
+    /// The frame may not come from there: a pinned address, or a move too soon.
+    Refused(DropReason),
+}
+
+const NIL: u32 = u32::MAX;
+
+struct Entry {
+    key: FdbKey,
+    at: Endpoint,
+    seen: Instant,
+    /// When it last moved between endpoints (never: it may move at once).
+    moved: Option<Instant>,
+    /// Neighbours in its endpoint's list (towards the head: more recently seen).
+    prev: u32,
+    next: u32,
+}
+
+/// One endpoint's learned addresses, most recently seen first.
+#[derive(Clone, Copy)]
+struct Lru {
+    head: u32,
+    tail: u32,
+    len: usize,
+    limit: usize,
+}
+
+/// MAC learning table with aging, one address space per VLAN, a quota per endpoint.
 pub struct Fdb {
-    entries: HashMap<FdbKey, (Endpoint, Instant)>,
+    map: HashMap<FdbKey, u32>,
+    slab: Vec<Entry>,
+    free: Vec<u32>,
+    /// Lists of ports `0..ports`, then of uplinks.
+    lists: Vec<Lru>,
+    ports: usize,
     /// Addresses the operator configured: never aged, never moved by learning.
     pinned: HashMap<FdbKey, Endpoint>,
     aging: Duration,
 }
 
 impl Fdb {
-    pub fn new(aging: Duration) -> Fdb {
+    /// A table for ports and uplinks that may learn `port_limits[i]` and
+    /// `uplink_limits[i]` addresses each (at least one).
+    pub fn new(aging: Duration, port_limits: &[usize], uplink_limits: &[usize]) -> Fdb {
+        let lists = port_limits
+            .iter()
+            .chain(uplink_limits)
+            .map(|&limit| Lru {
+                head: NIL,
+                tail: NIL,
+                len: 0,
+                limit: limit.max(1),
+            })
+            .collect();
         Fdb {
-            entries: HashMap::new(),
+            map: HashMap::new(),
+            slab: Vec::new(),
+            free: Vec::new(),
+            lists,
+            ports: port_limits.len(),
             pinned: HashMap::new(),
             aging,
         }
     }
 
+    fn list_of(&self, e: Endpoint) -> Option<usize> {
+        let i = match e {
+            Endpoint::Port(i) if i < self.ports => i,
+            Endpoint::Uplink(i) => self.ports.checked_add(i)?,
+            Endpoint::Port(_) => return None,
+        };
+        (i < self.lists.len()).then_some(i)
+    }
+
     pub fn pin(&mut self, key: FdbKey, at: Endpoint) {
+        if let Some(&i) = self.map.get(&key) {
+            self.remove(i);
+        }
         self.pinned.insert(key, at);
     }
 
-    /// Learns `key` at `at` (multicast sources are never learned). The table holds at
-    /// most `FDB_MAX` addresses, so a guest sending from random source addresses
-    /// cannot grow it without bound: when full, aged entries go first, and if none
-    /// have aged, new addresses are not learned (frames to them are flooded).
-    pub fn learn(&mut self, key: FdbKey, at: Endpoint, now: Instant) {
-        if key.1.is_multicast() || self.pinned.contains_key(&key) {
-            return;
+    fn aged(&self, i: u32, now: Instant) -> bool {
+        now.saturating_duration_since(self.slab[i as usize].seen) > self.aging
+    }
+
+    /// Takes entry `i` out of its endpoint's list.
+    fn unlink(&mut self, i: u32) {
+        let (prev, next, at) = {
+            let e = &self.slab[i as usize];
+            (e.prev, e.next, e.at)
+        };
+        let Some(l) = self.list_of(at) else { return };
+        match prev {
+            NIL => self.lists[l].head = next,
+            p => self.slab[p as usize].next = next,
         }
-        if self.entries.len() >= FDB_MAX && !self.entries.contains_key(&key) {
-            let aging = self.aging;
-            self.entries
-                .retain(|_, (_, seen)| now.duration_since(*seen) <= aging);
-            if self.entries.len() >= FDB_MAX {
-                return;
+        match next {
+            NIL => self.lists[l].tail = prev,
+            n => self.slab[n as usize].prev = prev,
+        }
+        self.lists[l].len -= 1;
+    }
+
+    /// Puts entry `i` at the head of list `l` (most recently seen).
+    fn push_front(&mut self, l: usize, i: u32) {
+        let head = self.lists[l].head;
+        {
+            let e = &mut self.slab[i as usize];
+            e.prev = NIL;
+            e.next = head;
+        }
+        match head {
+            NIL => self.lists[l].tail = i,
+            h => self.slab[h as usize].prev = i,
+        }
+        self.lists[l].head = i;
+        self.lists[l].len += 1;
+    }
+
+    fn remove(&mut self, i: u32) {
+        self.unlink(i);
+        let key = self.slab[i as usize].key;
+        self.map.remove(&key);
+        self.free.push(i);
+    }
+
+    /// Forgets the least recently seen addresses of list `l` beyond its quota.
+    fn evict_over_quota(&mut self, l: usize) {
+        while self.lists[l].len > self.lists[l].limit {
+            let tail = self.lists[l].tail;
+            self.remove(tail);
+        }
+    }
+
+    /// Learns that `key` sends from `at` (group addresses are never learned). A new
+    /// address past `at`'s quota replaces `at`'s own least recently seen one, never
+    /// another endpoint's. A learned address moves to `at` unless it moved less than
+    /// `MOVE_HOLD` ago; a pinned one never moves.
+    pub fn learn(&mut self, key: FdbKey, at: Endpoint, now: Instant) -> Learned {
+        if key.1.is_multicast() {
+            return Learned::Known;
+        }
+        if let Some(&owner) = self.pinned.get(&key) {
+            return if owner == at {
+                Learned::Known
+            } else {
+                Learned::Refused(DropReason::MacPinnedElsewhere)
+            };
+        }
+        let Some(l) = self.list_of(at) else {
+            return Learned::Known;
+        };
+        if let Some(&i) = self.map.get(&key) {
+            let e = &self.slab[i as usize];
+            if e.at == at {
+                self.unlink(i);
+                self.slab[i as usize].seen = now;
+                self.push_front(l, i);
+                return Learned::Known;
+            }
+            if !self.aged(i, now) {
+                if e.moved
+                    .is_some_and(|m| now.saturating_duration_since(m) < MOVE_HOLD)
+                {
+                    return Learned::Refused(DropReason::MacMoveRefused);
+                }
+                let from = e.at;
+                self.unlink(i);
+                let e = &mut self.slab[i as usize];
+                e.at = at;
+                e.seen = now;
+                e.moved = Some(now);
+                self.push_front(l, i);
+                self.evict_over_quota(l);
+                return Learned::Moved { from };
+            }
+            // Forgotten where it was: learnt anew here, not a move.
+            self.remove(i);
+        }
+        for _ in 0..REAP_PER_LEARN {
+            match self.lists[l].tail {
+                NIL => break,
+                t if self.aged(t, now) => self.remove(t),
+                _ => break,
             }
         }
-        self.entries.insert(key, (at, now));
+        let entry = Entry {
+            key,
+            at,
+            seen: now,
+            moved: None,
+            prev: NIL,
+            next: NIL,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slab[i as usize] = entry;
+                i
+            }
+            None => {
+                self.slab.push(entry);
+                (self.slab.len() - 1) as u32
+            }
+        };
+        self.map.insert(key, i);
+        self.push_front(l, i);
+        self.evict_over_quota(l);
+        Learned::New
     }
 
     pub fn lookup(&mut self, key: &FdbKey, now: Instant) -> Option<Endpoint> {
         if let Some(&e) = self.pinned.get(key) {
             return Some(e);
         }
-        match self.entries.get(key) {
-            Some(&(e, seen)) if now.duration_since(seen) <= self.aging => Some(e),
-            Some(_) => {
-                self.entries.remove(key);
-                None
-            }
-            None => None,
+        let &i = self.map.get(key)?;
+        if self.aged(i, now) {
+            self.remove(i);
+            return None;
+        }
+        Some(self.slab[i as usize].at)
+    }
+
+    /// Forgets everything learned on `at` (its guest went away): O(its addresses).
+    pub fn forget(&mut self, at: Endpoint) {
+        let Some(l) = self.list_of(at) else { return };
+        while self.lists[l].head != NIL {
+            let h = self.lists[l].head;
+            self.remove(h);
         }
     }
 
-    /// Forgets everything learned on `at` (its guest went away).
-    pub fn forget(&mut self, at: Endpoint) {
-        self.entries.retain(|_, (e, _)| *e != at);
+    /// Addresses learned on `at` now (aged ones not yet reclaimed included).
+    pub fn learned_on(&self, at: Endpoint) -> usize {
+        self.list_of(at).map_or(0, |l| self.lists[l].len)
+    }
+
+    /// Addresses learned in all.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
     }
 }
 
@@ -78,84 +282,249 @@ mod tests {
     use super::*;
     use crate::l2::Vid;
 
-    #[test]
-    fn fdb_learns_ages_and_forgets() {
-        let t0 = Instant::now();
-        let mut f = Fdb::new(Duration::from_secs(10));
-        let a = Mac([2, 0, 0, 0, 0, 1]);
-        f.learn((None, a), Endpoint::Port(1), t0);
-        assert_eq!(
-            f.lookup(&(None, a), t0 + Duration::from_secs(5)),
-            Some(Endpoint::Port(1))
-        );
-        assert_eq!(f.lookup(&(None, a), t0 + Duration::from_secs(11)), None);
-        f.learn((None, a), Endpoint::Uplink(0), t0);
-        f.forget(Endpoint::Uplink(0));
-        assert_eq!(f.lookup(&(None, a), t0), None);
-        // Moves follow the latest source.
-        f.learn((None, a), Endpoint::Port(1), t0);
-        f.learn((None, a), Endpoint::Port(2), t0);
-        assert_eq!(f.lookup(&(None, a), t0), Some(Endpoint::Port(2)));
+    const P0: Endpoint = Endpoint::Port(0);
+    const P1: Endpoint = Endpoint::Port(1);
+    const P2: Endpoint = Endpoint::Port(2);
+    const U0: Endpoint = Endpoint::Uplink(0);
+
+    fn fdb(aging_secs: u64, port_limit: usize) -> Fdb {
+        Fdb::new(
+            Duration::from_secs(aging_secs),
+            &[port_limit; 4],
+            &[UPLINK_MAC_LIMIT],
+        )
+    }
+
+    fn key(i: usize) -> FdbKey {
+        let b = (i as u32).to_be_bytes();
+        (None, Mac([2, 0, b[0], b[1], b[2], b[3]]))
+    }
+
+    /// The list of `at`, most recently seen first, walked both ways.
+    fn order(f: &Fdb, at: Endpoint) -> Vec<FdbKey> {
+        let l = f.list_of(at).unwrap();
+        let mut fwd = Vec::new();
+        let mut i = f.lists[l].head;
+        while i != NIL {
+            fwd.push(f.slab[i as usize].key);
+            i = f.slab[i as usize].next;
+        }
+        let mut back = Vec::new();
+        let mut i = f.lists[l].tail;
+        while i != NIL {
+            back.push(f.slab[i as usize].key);
+            i = f.slab[i as usize].prev;
+        }
+        back.reverse();
+        assert_eq!(fwd, back, "list links disagree");
+        assert_eq!(fwd.len(), f.lists[l].len);
+        fwd
     }
 
     #[test]
-    fn pinned_addresses_win_over_learning() {
+    fn fdb_learns_ages_and_forgets() {
         let t0 = Instant::now();
-        let mut f = Fdb::new(Duration::from_secs(1));
+        let mut f = fdb(10, 256);
+        let a = Mac([2, 0, 0, 0, 0, 1]);
+        assert_eq!(f.learn((None, a), P1, t0), Learned::New);
+        assert_eq!(f.learn((None, a), P1, t0), Learned::Known);
+        assert_eq!(f.lookup(&(None, a), t0 + Duration::from_secs(5)), Some(P1));
+        assert_eq!(f.lookup(&(None, a), t0 + Duration::from_secs(11)), None);
+        assert!(f.is_empty());
+        f.learn((None, a), U0, t0);
+        f.forget(U0);
+        assert_eq!(f.lookup(&(None, a), t0), None);
+        assert_eq!(f.learned_on(U0), 0);
+        // An address aged out where it was is learnt anew elsewhere, not moved.
+        f.learn((None, a), P1, t0);
+        let later = t0 + Duration::from_secs(11);
+        assert_eq!(f.learn((None, a), P2, later), Learned::New);
+        assert_eq!(f.lookup(&(None, a), later), Some(P2));
+        assert_eq!((f.learned_on(P1), f.learned_on(P2)), (0, 1));
+    }
+
+    #[test]
+    fn pinned_addresses_win_over_learning_and_never_move() {
+        let t0 = Instant::now();
+        let mut f = fdb(1, 256);
         let a = Mac([2, 0, 0, 0, 0, 9]);
+        f.learn((None, a), P1, t0);
         f.pin((None, a), Endpoint::Port(3));
-        f.learn((None, a), Endpoint::Uplink(0), t0);
+        assert_eq!(f.learned_on(P1), 0, "pinning drops the learned entry");
+        assert_eq!(
+            f.learn((None, a), U0, t0),
+            Learned::Refused(DropReason::MacPinnedElsewhere)
+        );
+        assert_eq!(f.learn((None, a), Endpoint::Port(3), t0), Learned::Known);
         assert_eq!(
             f.lookup(&(None, a), t0 + Duration::from_secs(100)),
             Some(Endpoint::Port(3))
         );
+        // Pinned in its VLAN only.
+        let v = Vid::new(5);
+        assert_eq!(f.learn((v, a), U0, t0), Learned::New);
     }
 
     #[test]
-    fn table_is_bounded_and_makes_room_from_aged_entries() {
+    fn a_port_over_its_quota_evicts_its_own_oldest() {
         let t0 = Instant::now();
-        let mut f = Fdb::new(Duration::from_secs(10));
-        let key = |i: usize| -> FdbKey {
-            let b = (i as u32).to_be_bytes();
-            (None, Mac([2, 0, b[0], b[1], b[2], b[3]]))
-        };
-        for i in 0..FDB_MAX + 100 {
-            f.learn(key(i), Endpoint::Port(1), t0);
+        let mut f = fdb(300, 4);
+        // P0 knows two addresses; the uplink one.
+        f.learn(key(101000), P0, t0);
+        f.learn(key(101001), P0, t0);
+        f.learn(key(102000), U0, t0);
+        // P1 floods 10,000 addresses: it keeps its 4 newest, nobody else loses any.
+        for i in 0..10_000 {
+            assert_eq!(f.learn(key(i), P1, t0), Learned::New);
         }
-        assert_eq!(f.entries.len(), FDB_MAX);
+        assert_eq!(f.learned_on(P1), 4);
         assert_eq!(
-            f.lookup(&key(FDB_MAX + 50), t0),
-            None,
-            "learned past the limit"
+            order(&f, P1),
+            vec![key(9999), key(9998), key(9997), key(9996)]
         );
-        assert_eq!(f.lookup(&key(5), t0), Some(Endpoint::Port(1)));
-        // Known addresses still move; once entries age, new ones are learned again.
-        f.learn(key(5), Endpoint::Port(2), t0);
-        assert_eq!(f.lookup(&key(5), t0), Some(Endpoint::Port(2)));
+        assert_eq!(f.lookup(&key(101000), t0), Some(P0));
+        assert_eq!(f.lookup(&key(101001), t0), Some(P0));
+        assert_eq!(f.lookup(&key(102000), t0), Some(U0));
+        assert_eq!(f.lookup(&key(5), t0), None);
+        assert_eq!(f.len(), 7);
+        // Freed entries are reused: the table never grew past what quotas allow.
+        assert!(f.slab.len() <= 4 + 4 + 1 + 1, "{} entries", f.slab.len());
+        // A new host on P0 is learned at once, past P1's flood.
+        assert_eq!(f.learn(key(101002), P0, t0), Learned::New);
+        assert_eq!(f.lookup(&key(101002), t0), Some(P0));
+    }
+
+    #[test]
+    fn the_least_recently_seen_goes_first() {
+        let t0 = Instant::now();
+        let mut f = fdb(300, 3);
+        for i in 0..3 {
+            f.learn(key(i), P0, t0);
+        }
+        // 0 speaks again: 1 is now the oldest and goes when 3 arrives.
+        f.learn(key(0), P0, t0);
+        assert_eq!(order(&f, P0), vec![key(0), key(2), key(1)]);
+        f.learn(key(3), P0, t0);
+        assert_eq!(order(&f, P0), vec![key(3), key(0), key(2)]);
+        assert_eq!(f.lookup(&key(1), t0), None);
+    }
+
+    #[test]
+    fn moves_are_counted_held_and_charged_to_the_new_place() {
+        let t0 = Instant::now();
+        let mut f = fdb(300, 2);
+        let s = |ms: u64| t0 + Duration::from_millis(ms);
+        f.learn(key(1), P0, s(0));
+        f.learn(key(7), P1, s(0));
+        f.learn(key(8), P1, s(0));
+        // The first move is allowed at once; the address now counts against P1's
+        // quota, which evicts P1's oldest (7), not anything of P0's.
+        assert_eq!(f.learn(key(1), P1, s(10)), Learned::Moved { from: P0 });
+        assert_eq!(f.lookup(&key(1), s(10)), Some(P1));
+        assert_eq!((f.learned_on(P0), f.learned_on(P1)), (0, 2));
+        assert_eq!(f.lookup(&key(7), s(10)), None);
+        // Moving on within MOVE_HOLD is refused, from anywhere; its current place
+        // keeps it fresh meanwhile.
+        for (at, ms) in [(P0, 20), (P2, 500), (P1, 900), (U0, 1009)] {
+            let want = if at == P1 {
+                Learned::Known
+            } else {
+                Learned::Refused(DropReason::MacMoveRefused)
+            };
+            assert_eq!(f.learn(key(1), at, s(ms)), want, "{at:?} at {ms} ms");
+        }
+        assert_eq!(f.lookup(&key(1), s(1009)), Some(P1));
+        // After the hold it moves again.
+        assert_eq!(f.learn(key(1), P0, s(1011)), Learned::Moved { from: P1 });
+        assert_eq!(f.lookup(&key(1), s(1011)), Some(P0));
+        // Two endpoints fighting over it for 10 s: at most one move a second.
+        let mut moves = 0;
+        for ms in (1020..11_020).step_by(5) {
+            for at in [P1, P0] {
+                if let Learned::Moved { .. } = f.learn(key(1), at, s(ms)) {
+                    moves += 1;
+                }
+            }
+        }
+        assert!((9..=10).contains(&moves), "{moves} moves in 10 s");
+    }
+
+    #[test]
+    fn aged_entries_are_reclaimed_a_few_at_a_time() {
+        let t0 = Instant::now();
+        let mut f = fdb(10, 100);
+        for i in 0..100 {
+            f.learn(key(i), P0, t0);
+        }
         let later = t0 + Duration::from_secs(11);
-        f.learn(key(FDB_MAX + 50), Endpoint::Port(3), later);
-        assert_eq!(f.lookup(&key(FDB_MAX + 50), later), Some(Endpoint::Port(3)));
+        f.learn(key(500), P0, later);
+        assert_eq!(f.learned_on(P0), 101 - REAP_PER_LEARN);
+        // Every lookup of an aged address forgets it, too.
+        assert_eq!(f.lookup(&key(50), later), None);
+        assert_eq!(f.learned_on(P0), 100 - REAP_PER_LEARN);
+        for i in 0..100 {
+            f.learn(key(1000 + i), P0, later);
+        }
+        assert_eq!(f.learned_on(P0), 100);
+        assert!(order(&f, P0).iter().all(|k| f.lookup(k, later).is_some()));
+    }
+
+    /// The work per learned address does not grow with the table: a flood into a full
+    /// table costs about what it costs into an empty one (a full scan per new address,
+    /// as before, would be thousands of times slower at this size).
+    #[test]
+    fn learning_into_a_full_table_stays_constant_time() {
+        let t0 = Instant::now();
+        let mut f = Fdb::new(Duration::from_secs(300), &[65536, 65536], &[]);
+        let time = |f: &mut Fdb, from: usize, at: Endpoint| {
+            let start = Instant::now();
+            for i in from..from + 20_000 {
+                f.learn(key(i), at, t0);
+            }
+            start.elapsed()
+        };
+        let empty = time(&mut f, 0, P1);
+        for i in 0..65536 {
+            f.learn(key(1_000_000 + i), P0, t0);
+        }
+        // P0 full: every new address evicts one.
+        let full = time(&mut f, 2_000_000, P0);
+        assert_eq!(f.learned_on(P0), 65536);
+        assert!(
+            full < empty * 20 + Duration::from_millis(50),
+            "into a full table {full:?}, into an empty one {empty:?}"
+        );
     }
 
     #[test]
     fn multicast_sources_are_not_learned() {
         let t0 = Instant::now();
-        let mut f = Fdb::new(Duration::from_secs(10));
+        let mut f = fdb(10, 256);
         let m = Mac([1, 0, 0x5e, 0, 0, 1]);
-        f.learn((None, m), Endpoint::Port(0), t0);
+        assert_eq!(f.learn((None, m), P0, t0), Learned::Known);
         assert_eq!(f.lookup(&(None, m), t0), None);
+    }
+
+    #[test]
+    fn unknown_endpoints_learn_nothing() {
+        let t0 = Instant::now();
+        let mut f = fdb(10, 256);
+        assert_eq!(f.learn(key(1), Endpoint::Port(9), t0), Learned::Known);
+        assert_eq!(f.learn(key(1), Endpoint::Uplink(3), t0), Learned::Known);
+        assert!(f.is_empty());
+        f.forget(Endpoint::Port(9));
     }
 
     #[test]
     fn same_mac_in_two_vlans_is_two_addresses() {
         let t0 = Instant::now();
-        let mut f = Fdb::new(Duration::from_secs(10));
+        let mut f = fdb(10, 256);
         let a = Mac([2, 0, 0, 0, 0, 1]);
         let (v10, v20) = (Vid::new(10), Vid::new(20));
-        f.learn((v10, a), Endpoint::Port(0), t0);
-        f.learn((v20, a), Endpoint::Uplink(0), t0);
-        assert_eq!(f.lookup(&(v10, a), t0), Some(Endpoint::Port(0)));
-        assert_eq!(f.lookup(&(v20, a), t0), Some(Endpoint::Uplink(0)));
+        f.learn((v10, a), P0, t0);
+        assert_eq!(f.learn((v20, a), U0, t0), Learned::New);
+        assert_eq!(f.lookup(&(v10, a), t0), Some(P0));
+        assert_eq!(f.lookup(&(v20, a), t0), Some(U0));
         assert_eq!(f.lookup(&(None, a), t0), None);
     }
 }

@@ -1,28 +1,33 @@
 //! The L2 learning switch joining all ports and uplinks of one gsonet: learns source
-//! MACs per VLAN, forwards known unicast to one endpoint, floods the rest within the
-//! frame's VLAN, never hairpins. Access ports (`vlan=N`) see their VLAN untagged;
-//! uplinks are trunks and see it tagged. Forwarding is two steps: `route` (learn,
-//! classify, build the views each kind of destination needs) and `send` (deliver),
-//! so a retry re-delivers without routing again.
+//! MACs per VLAN (each port and uplink within its own quota), forwards known unicast
+//! to one endpoint, floods the rest within the frame's VLAN, never hairpins. Access
+//! ports (`vlan=N`) see their VLAN untagged; trunk ports (`trunk=on`) and uplinks see
+//! VLANs tagged; untagged ports send untagged frames only. Port security (`mac_lock`,
+//! pinned `mac=`, counted and rate-limited moves) is enforced before learning.
+//! Forwarding is two steps: `route` (check, classify, learn, build the views each
+//! kind of destination needs) and `send` (deliver), so a retry re-delivers without
+//! routing again.
 
 pub mod backpressure;
 pub mod deliver;
 pub mod fdb;
 pub mod vlan;
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing::warn;
 
+use crate::config::PORT_MAC_LIMIT;
 use crate::features::Caps;
 use crate::frame::Frame;
-use crate::l2::{Domain, Mac, Vid};
+use crate::l2::{Domain, Mac, Tag, Vid, VlanSet};
 use crate::stats::{Counters, DropReason};
 use backpressure::RxRoom;
 use deliver::{deliver, DeliverCtx, Destination, OnFull, Outcome};
-use fdb::Fdb;
-use vlan::{classify, Attach, Ingress, ViewBuf};
+use fdb::{Fdb, Learned, UPLINK_MAC_LIMIT};
+use vlan::{classify, Attach, ViewBuf};
 
 /// Where a frame came from or goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -35,6 +40,23 @@ pub enum Endpoint {
 pub trait SwitchPort: Destination + Send + Sync {
     /// Its access VLAN; `None`: the untagged domain.
     fn vlan(&self) -> Option<Vid>;
+    /// `trunk=on`: the VLANs its guest sends and receives tagged, besides the
+    /// untagged domain. `None`: it sends untagged frames only.
+    fn trunk(&self) -> Option<VlanSet> {
+        None
+    }
+    /// Its configured address (`mac=`): pinned to it, never moved by learning.
+    fn mac(&self) -> Option<Mac> {
+        None
+    }
+    /// Port security: frames from any source address but `mac()` are dropped.
+    fn mac_lock(&self) -> bool {
+        false
+    }
+    /// Most addresses the switch learns on it at once.
+    fn mac_limit(&self) -> usize {
+        PORT_MAC_LIMIT
+    }
     fn is_connected(&self) -> bool;
     /// What its guest accepts, if a guest is there.
     fn rx_caps(&self) -> Option<Caps>;
@@ -49,15 +71,29 @@ pub trait SwitchUplink: Destination + Send + Sync {
     /// Tells the device which offloads the guests behind it accept, so it hands us
     /// frames no larger than needed; returns what it applied.
     fn set_rx_offload(&self, caps: Caps) -> Result<Caps, String>;
+    /// Most addresses the switch learns behind it at once.
+    fn mac_limit(&self) -> usize {
+        UPLINK_MAC_LIMIT
+    }
+}
+
+/// A port's place in the switch, read once from its configuration.
+struct PortRole {
+    vlan: Option<Vid>,
+    trunk: Option<VlanSet>,
+    mac: Option<Mac>,
+    mac_lock: bool,
 }
 
 pub struct Switch {
     ports: Vec<Arc<dyn SwitchPort>>,
+    roles: Vec<PortRole>,
     uplinks: Vec<Arc<dyn SwitchUplink>>,
     fdb: Mutex<Fdb>,
-    /// The ports' access VLANs, sorted: a tagged uplink frame with one of these VIDs
-    /// belongs to that VLAN; any other uplink frame to the untagged domain.
-    access: Vec<Vid>,
+    /// Every VLAN some port uses (access VLANs and trunk ports' allowed VIDs),
+    /// sorted: a tagged uplink frame with one of these VIDs belongs to that VLAN; any
+    /// other uplink frame to the untagged domain.
+    vlans: Vec<Vid>,
     rx_room: RxRoom,
     /// What the uplinks were last programmed with.
     programmed: Mutex<Option<Caps>>,
@@ -66,11 +102,17 @@ pub struct Switch {
 /// Where one frame goes, decided once: its source, its destination (or none: flood
 /// within `domain`) and the view of it each kind of destination gets.
 pub struct Route<'a> {
+    sw: &'a Switch,
     src: Endpoint,
     known: Option<Endpoint>,
     domain: Domain,
-    for_ports: Option<Frame<'a>>,
-    for_uplinks: Option<Frame<'a>>,
+    /// An untagged-domain frame carrying a tag no port uses (from an uplink): trunk
+    /// ports, which take tagged frames of their allowed VLANs only, do not get it.
+    foreign: bool,
+    /// For access ports of the VLAN (and everyone in the untagged domain).
+    untagged: Option<Frame<'a>>,
+    /// For trunk ports and uplinks, which carry the VLAN tagged.
+    tagged: Option<Frame<'a>>,
 }
 
 impl<'a> Route<'a> {
@@ -81,9 +123,10 @@ impl<'a> Route<'a> {
 
     /// The view of the frame destination `e` gets.
     pub fn view(&self, e: Endpoint) -> Option<&Frame<'a>> {
-        match e {
-            Endpoint::Port(_) => self.for_ports.as_ref(),
-            Endpoint::Uplink(_) => self.for_uplinks.as_ref(),
+        if self.domain.is_some() && self.sw.sees_tags(e) {
+            self.tagged.as_ref()
+        } else {
+            self.untagged.as_ref()
         }
     }
 }
@@ -94,39 +137,87 @@ impl Switch {
         uplinks: Vec<Arc<dyn SwitchUplink>>,
         aging: Duration,
     ) -> Switch {
-        let mut access: Vec<Vid> = ports.iter().filter_map(|p| p.vlan()).collect();
-        access.sort_unstable();
-        access.dedup();
-        Switch {
+        let roles: Vec<PortRole> = ports
+            .iter()
+            .map(|p| PortRole {
+                vlan: p.vlan(),
+                trunk: p.trunk(),
+                mac: p.mac(),
+                mac_lock: p.mac_lock(),
+            })
+            .collect();
+        let mut used = VlanSet::default();
+        for r in &roles {
+            if let Some(v) = r.vlan {
+                used.insert(v);
+            }
+            for v in r.trunk.iter().flat_map(|t| t.iter()) {
+                used.insert(v);
+            }
+        }
+        let port_limits: Vec<usize> = ports.iter().map(|p| p.mac_limit()).collect();
+        let uplink_limits: Vec<usize> = uplinks.iter().map(|u| u.mac_limit()).collect();
+        let sw = Switch {
             ports,
+            roles,
             uplinks,
-            fdb: Mutex::new(Fdb::new(aging)),
-            access,
+            fdb: Mutex::new(Fdb::new(aging, &port_limits, &uplink_limits)),
+            vlans: used.iter().collect(),
             rx_room: RxRoom::default(),
             programmed: Mutex::new(None),
+        };
+        for (id, r) in sw.roles.iter().enumerate() {
+            if let Some(mac) = r.mac {
+                sw.pin_mac(mac, id);
+            }
         }
+        sw
     }
 
     pub fn rx_room(&self) -> &RxRoom {
         &self.rx_room
     }
 
-    fn attach(&self, e: Endpoint) -> Attach {
+    fn attach(&self, e: Endpoint) -> Attach<'_> {
         match e {
-            Endpoint::Port(i) => match self.ports.get(i).and_then(|p| p.vlan()) {
-                Some(v) => Attach::Access(v),
-                None => Attach::Untagged,
+            Endpoint::Port(i) => match self.roles.get(i) {
+                Some(PortRole { trunk: Some(t), .. }) => Attach::TrunkPort(t),
+                Some(PortRole { vlan: Some(v), .. }) => Attach::Access(*v),
+                _ => Attach::Untagged,
             },
             Endpoint::Uplink(_) => Attach::Trunk,
         }
     }
 
-    /// Whether `e` takes part in `domain`: ports of that VLAN; uplinks always.
+    fn is_trunk_port(&self, e: Endpoint) -> bool {
+        match e {
+            Endpoint::Port(i) => self.roles.get(i).is_some_and(|r| r.trunk.is_some()),
+            Endpoint::Uplink(_) => false,
+        }
+    }
+
+    /// Whether `e` carries VLANs tagged: uplinks and trunk ports.
+    fn sees_tags(&self, e: Endpoint) -> bool {
+        matches!(e, Endpoint::Uplink(_)) || self.is_trunk_port(e)
+    }
+
+    /// Whether `e` takes part in `domain`: access ports of that VLAN, trunk ports that
+    /// allow it, untagged and trunk ports for the untagged domain; uplinks always.
     fn in_domain(&self, e: Endpoint, domain: Domain) -> bool {
         match e {
-            Endpoint::Port(i) => self.ports.get(i).is_some_and(|p| p.vlan() == domain),
+            Endpoint::Port(i) => self.roles.get(i).is_some_and(|r| match (&r.trunk, domain) {
+                (Some(_), None) => true,
+                (Some(t), Some(v)) => t.contains(v.get()),
+                (None, d) => r.vlan == d,
+            }),
             Endpoint::Uplink(i) => i < self.uplinks.len(),
         }
+    }
+
+    /// Whether a frame of `domain` (`foreign`: carrying a tag no port uses) may go to
+    /// `e`.
+    fn reaches(&self, e: Endpoint, domain: Domain, foreign: bool) -> bool {
+        self.in_domain(e, domain) && !(foreign && self.is_trunk_port(e))
     }
 
     fn counters(&self, e: Endpoint) -> Option<&Counters> {
@@ -145,64 +236,90 @@ impl Switch {
 
     /// Where a frame of `domain` from `src` is flooded: every other connected port of
     /// the domain and every other uplink.
-    fn flood_targets(&self, src: Endpoint, domain: Domain) -> impl Iterator<Item = Endpoint> + '_ {
+    fn flood_targets(
+        &self,
+        src: Endpoint,
+        domain: Domain,
+        foreign: bool,
+    ) -> impl Iterator<Item = Endpoint> + '_ {
         let ports = (0..self.ports.len())
             .filter(|&i| self.ports[i].is_connected())
             .map(Endpoint::Port);
         let uplinks = (0..self.uplinks.len()).map(Endpoint::Uplink);
         ports
             .chain(uplinks)
-            .filter(move |&e| e != src && self.in_domain(e, domain))
+            .filter(move |&e| e != src && self.reaches(e, domain, foreign))
     }
 
-    /// Routes one frame from `src`: classifies it into its VLAN, learns its source,
-    /// looks up its destination and builds the tagged or untagged view the
-    /// destinations need (`views` holds it). `None`: nowhere to go (dropped and
-    /// counted at the source, or a hairpin).
+    /// Routes one frame from `src`: checks port security, classifies it into its
+    /// VLAN, learns its source, looks up its destination and builds the tagged or
+    /// untagged view the destinations need (`views` holds it). `None`: nowhere to go
+    /// (dropped and counted at the source, or a hairpin).
     pub fn route<'a>(
-        &self,
+        &'a self,
         src: Endpoint,
         frame: &Frame<'a>,
         views: &'a mut ViewBuf<'a>,
     ) -> Option<Route<'a>> {
-        let ingress = if self.access.is_empty() {
-            Ingress::UNTAGGED
-        } else {
-            match classify(self.attach(src), frame.tag, &self.access) {
-                Ok(i) => i,
-                Err(reason) => {
-                    self.count_drop(src, reason);
+        if let Endpoint::Port(i) = src {
+            if let Some(r) = self.roles.get(i) {
+                if r.mac_lock && r.mac != Some(frame.src) {
+                    self.count_drop(src, DropReason::MacSpoofed);
                     return None;
                 }
             }
-        };
-        let domain = ingress.domain;
-        let now = Instant::now();
-        let known = {
-            let mut fdb = self.fdb.lock().unwrap_or_else(|e| e.into_inner());
-            fdb.learn((domain, frame.src), src, now);
-            if frame.dst.is_multicast() {
-                None
-            } else {
-                fdb.lookup(&(domain, frame.dst), now)
+        }
+        let ingress = match classify(self.attach(src), frame.tag, &self.vlans) {
+            Ok(i) => i,
+            Err(reason) => {
+                self.count_drop(src, reason);
+                return None;
             }
         };
-        // Which views of the frame its destinations need: ports of the domain see it
-        // untagged, uplinks tagged with its VLAN (as is for the untagged domain).
-        let (to_ports, to_uplinks) = match known {
-            Some(dst) if dst == src || !self.in_domain(dst, domain) => return None,
-            Some(Endpoint::Port(_)) => (true, false),
-            Some(Endpoint::Uplink(_)) => (false, true),
+        let domain = ingress.domain;
+        let foreign = domain.is_none() && frame.tag != Tag::Untagged;
+        let now = Instant::now();
+        let (learned, known) = {
+            let mut fdb = self.fdb.lock().unwrap_or_else(|e| e.into_inner());
+            let learned = fdb.learn((domain, frame.src), src, now);
+            let known = match learned {
+                Learned::Refused(_) => None,
+                _ if frame.dst.is_multicast() => None,
+                _ => fdb.lookup(&(domain, frame.dst), now),
+            };
+            (learned, known)
+        };
+        match learned {
+            Learned::Refused(reason) => {
+                self.count_drop(src, reason);
+                return None;
+            }
+            Learned::Moved { .. } => {
+                if let Some(c) = self.counters(src) {
+                    c.mac_moves.fetch_add(1, Relaxed);
+                }
+            }
+            Learned::Known | Learned::New => {}
+        }
+        // Which views of the frame its destinations need: access ports of the VLAN
+        // see it untagged, trunk ports and uplinks tagged with its VLAN (everyone sees
+        // an untagged-domain frame as it is).
+        let (to_untagged, to_tagged) = match known {
+            Some(dst) if dst == src || !self.reaches(dst, domain, foreign) => return None,
+            Some(dst) => (!self.sees_tags(dst), self.sees_tags(dst)),
             None => self
-                .flood_targets(src, domain)
-                .fold((false, false), |(p, u), e| match e {
-                    Endpoint::Port(_) => (true, u),
-                    Endpoint::Uplink(_) => (p, true),
+                .flood_targets(src, domain, foreign)
+                .fold((false, false), |(u, t), e| {
+                    if self.sees_tags(e) {
+                        (u, true)
+                    } else {
+                        (true, t)
+                    }
                 }),
         };
         let retagged = match (domain, ingress.tagged) {
-            (Some(vid), false) if to_uplinks => Some(vlan::push(frame, vid, views)),
-            (Some(_), true) if to_ports => Some(vlan::pop(frame, views)),
+            (Some(vid), false) if to_tagged => Some(vlan::push(frame, vid, views)),
+            (Some(_), true) if to_untagged => Some(vlan::pop(frame, views)),
             _ => None,
         };
         let retagged = match retagged.transpose() {
@@ -212,17 +329,19 @@ impl Switch {
                 return None;
             }
         };
-        let (for_ports, for_uplinks) = match (domain, ingress.tagged) {
+        let (untagged, tagged) = match (domain, ingress.tagged) {
             (None, _) => (Some(*frame), Some(*frame)),
             (Some(_), false) => (Some(*frame), retagged),
             (Some(_), true) => (retagged, Some(*frame)),
         };
         Some(Route {
+            sw: self,
             src,
             known,
             domain,
-            for_ports,
-            for_uplinks,
+            foreign,
+            untagged,
+            tagged,
         })
     }
 
@@ -241,7 +360,7 @@ impl Switch {
                 .view(dst)
                 .and_then(|f| self.deliver_to(dst, queue, f, ctx, on_full, 0)),
             None => {
-                for e in self.flood_targets(route.src, route.domain) {
+                for e in self.flood_targets(route.src, route.domain, route.foreign) {
                     if let Some(f) = route.view(e) {
                         self.deliver_to(e, queue, f, ctx, OnFull::Count, 0);
                     }
@@ -301,13 +420,16 @@ impl Switch {
         }
     }
 
-    /// Sends frames for `mac` to port `id` from the start.
+    /// Sends frames for `mac` to port `id` from the start, in every domain the port
+    /// takes part in; learning never moves it.
     pub fn pin_mac(&self, mac: Mac, id: usize) {
-        let domain = self.ports.get(id).and_then(|p| p.vlan());
-        self.fdb
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pin((domain, mac), Endpoint::Port(id));
+        let Some(r) = self.roles.get(id) else { return };
+        let domains =
+            std::iter::once(r.vlan).chain(r.trunk.iter().flat_map(|t| t.iter().map(Some)));
+        let mut fdb = self.fdb.lock().unwrap_or_else(|e| e.into_inner());
+        for d in domains {
+            fdb.pin((d, mac), Endpoint::Port(id));
+        }
     }
 
     /// A port's guest is gone: forget its addresses.
@@ -353,13 +475,16 @@ mod vlan_forwarding {
     //! The switch with recording ports and a recording uplink: every delivery
     //! attempt shows up in the recorder of its destination.
     use super::*;
-    use crate::l2::{Tag, ETHERTYPE_VLAN};
+    use crate::l2::{Tag, ETHERTYPE_QINQ, ETHERTYPE_QINQ_OLD, ETHERTYPE_VLAN};
     use crate::testkit::frames::{ethernet, pattern};
     use crate::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr, F_NEEDS_CSUM};
 
     #[derive(Default)]
     struct Recorder {
         vlan: Option<Vid>,
+        trunk: Option<VlanSet>,
+        mac: Option<Mac>,
+        mac_lock: bool,
         sent: Mutex<Vec<(VirtioNetHdr, Vec<u8>)>>,
         stats: Counters,
     }
@@ -389,6 +514,18 @@ mod vlan_forwarding {
     impl SwitchPort for Recorder {
         fn vlan(&self) -> Option<Vid> {
             self.vlan
+        }
+        fn trunk(&self) -> Option<VlanSet> {
+            self.trunk.clone()
+        }
+        fn mac(&self) -> Option<Mac> {
+            self.mac
+        }
+        fn mac_lock(&self) -> bool {
+            self.mac_lock
+        }
+        fn mac_limit(&self) -> usize {
+            8
         }
         fn is_connected(&self) -> bool {
             true
@@ -421,15 +558,17 @@ mod vlan_forwarding {
 
     /// Ports: two on VLAN 10, one on VLAN 20, one untagged; one recording uplink.
     fn setup() -> Net {
-        let ports: Vec<Arc<Recorder>> = [Vid::new(10), Vid::new(10), Vid::new(20), None]
+        net([Vid::new(10), Vid::new(10), Vid::new(20), None]
             .into_iter()
-            .map(|vlan| {
-                Arc::new(Recorder {
-                    vlan,
-                    ..Recorder::default()
-                })
+            .map(|vlan| Recorder {
+                vlan,
+                ..Recorder::default()
             })
-            .collect();
+            .collect())
+    }
+
+    fn net(ports: Vec<Recorder>) -> Net {
+        let ports: Vec<Arc<Recorder>> = ports.into_iter().map(Arc::new).collect();
         let up = Arc::new(Recorder::default());
         let sw = Switch::new(
             ports
@@ -445,7 +584,7 @@ mod vlan_forwarding {
     /// Delivery attempts per port since the last call.
     fn attempts(net: &Net) -> [usize; 4] {
         let mut out = [0; 4];
-        for (i, p) in net.ports.iter().enumerate() {
+        for (i, p) in net.ports.iter().enumerate().take(4) {
             out[i] = p.take().len();
         }
         out
@@ -527,8 +666,199 @@ mod vlan_forwarding {
                 .drops(DropReason::TaggedWithAccessVlan),
             1
         );
-        // A VID no access port uses stays the untagged guest's business.
-        plain(&net, Endpoint::Port(UNTAGGED), &frame(bc, mac(3), Some(30)));
+        // Any other tag from an untagged port is dropped too: a VID no port uses, a
+        // priority tag, 802.1ad, 0x9100, and double tags whatever their inner VID.
+        let dot1ad = |outer: u16, inner: Option<u16>| {
+            let mut tags = vec![(outer, 30)];
+            tags.extend(inner.map(|v| (ETHERTYPE_VLAN, v)));
+            ethernet(bc.0, mac(3).0, &tags, 0x0800, &pattern(80))
+        };
+        for f in [
+            frame(bc, mac(3), Some(30)),
+            frame(bc, mac(3), Some(0)),
+            dot1ad(ETHERTYPE_QINQ, None),
+            dot1ad(ETHERTYPE_QINQ, Some(10)),
+            dot1ad(ETHERTYPE_QINQ_OLD, Some(20)),
+            dot1ad(ETHERTYPE_VLAN, Some(10)),
+        ] {
+            plain(&net, Endpoint::Port(UNTAGGED), &f);
+        }
+        assert_eq!(attempts(&net), [0, 0, 0, 0]);
+        assert!(net.up.take().is_empty());
+        assert_eq!(
+            net.ports[UNTAGGED]
+                .stats
+                .drops(DropReason::TaggedOnUntaggedPort),
+            6
+        );
+        // Untagged, it goes out.
+        plain(&net, Endpoint::Port(UNTAGGED), &frame(bc, mac(3), None));
+        assert_eq!(net.up.take().len(), 1);
+    }
+
+    const TRUNK: usize = 4;
+
+    /// `setup()` plus a trunk port of VLANs 10 and 30.
+    fn with_trunk() -> Net {
+        let mut ports: Vec<Recorder> = [Vid::new(10), Vid::new(10), Vid::new(20), None]
+            .into_iter()
+            .map(|vlan| Recorder {
+                vlan,
+                ..Recorder::default()
+            })
+            .collect();
+        ports.push(Recorder {
+            trunk: Some("10:30".parse().unwrap()),
+            ..Recorder::default()
+        });
+        net(ports)
+    }
+
+    #[test]
+    fn trunk_ports_carry_their_allowed_vlans_tagged() {
+        let net = with_trunk();
+        let bc = Mac::BROADCAST;
+        let t = Endpoint::Port(TRUNK);
+        let trunk_got = |net: &Net| net.ports[TRUNK].take();
+        // VLAN 10 from the trunk port: the access ports of 10 untagged, the uplink
+        // tagged as sent.
+        let f10 = frame(bc, mac(5), Some(10));
+        plain(&net, t, &f10);
+        assert_eq!(attempts(&net), [1, 1, 0, 0]);
+        assert_eq!(net.up.take()[0].1, f10);
+        // VLAN 30 (no access port): the uplink only.
+        plain(&net, t, &frame(bc, mac(5), Some(30)));
+        assert_eq!(attempts(&net), [0, 0, 0, 0]);
+        assert_eq!(tag_of(&net.up.take()[0].1), Tag::Dot1q(30));
+        // Untagged: the untagged domain.
+        plain(&net, t, &frame(bc, mac(5), None));
+        assert_eq!(attempts(&net), [0, 0, 0, 1]);
+        assert_eq!(net.up.take()[0].1, frame(bc, mac(5), None));
+        // Anything else is refused.
+        for vid in [20, 0, 31] {
+            plain(&net, t, &frame(bc, mac(5), Some(vid)));
+        }
+        plain(
+            &net,
+            t,
+            &ethernet(
+                bc.0,
+                mac(5).0,
+                &[(ETHERTYPE_QINQ, 10)],
+                0x0800,
+                &pattern(80),
+            ),
+        );
+        assert_eq!(attempts(&net), [0, 0, 0, 0]);
+        assert!(net.up.take().is_empty());
+        assert_eq!(net.ports[TRUNK].stats.drops(DropReason::VlanNotAllowed), 4);
+
+        // Towards the trunk port: VLAN 10 from an access port arrives tagged; from
+        // the uplink, 10 and 30 tagged and untagged frames as they are; VLAN 20 and a
+        // VID no port uses never.
+        plain(&net, Endpoint::Port(P10A), &frame(bc, mac(1), None));
+        let got = trunk_got(&net);
+        assert_eq!(got.len(), 1);
+        let mut want = frame(bc, mac(1), Some(10));
+        want[14] &= 0x0f;
+        assert_eq!(got[0].1, want);
+        attempts(&net);
+        net.up.take();
+        for (vid, arrives) in [
+            (Some(10), true),
+            (Some(30), true),
+            (None, true),
+            (Some(20), false),
+            (Some(40), false),
+        ] {
+            let f = frame(bc, mac(9), vid);
+            plain(&net, Endpoint::Uplink(0), &f);
+            let got = trunk_got(&net);
+            if arrives {
+                assert_eq!(got.len(), 1, "{vid:?}");
+                assert_eq!(got[0].1, f, "{vid:?}");
+            } else {
+                assert!(got.is_empty(), "{vid:?} reached the trunk port");
+            }
+        }
+        // VID 40 (no port uses it) is the untagged port's, tag kept, as before.
+        assert_eq!(attempts(&net), [1, 1, 1, 2]);
+        // The trunk learns per VLAN: unicast to mac(5) in VLAN 30 goes to it alone.
+        plain(&net, Endpoint::Uplink(0), &frame(mac(5), mac(9), Some(30)));
+        assert_eq!(trunk_got(&net).len(), 1);
+        assert_eq!(attempts(&net), [0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn mac_lock_and_pinned_addresses() {
+        let mut ports: Vec<Recorder> = (0..4).map(|_| Recorder::default()).collect();
+        ports[0].mac = Some(mac(1));
+        ports[0].mac_lock = true;
+        ports[1].mac = Some(mac(2));
+        let net = net(ports);
+        let bc = Mac::BROADCAST;
+        // Port 0 sends from its own address only.
+        plain(&net, Endpoint::Port(0), &frame(bc, mac(1), None));
+        assert_eq!(attempts(&net), [0, 1, 1, 1]);
+        for src in [mac(2), mac(7), Mac([3, 0, 0, 0, 0, 1])] {
+            plain(&net, Endpoint::Port(0), &frame(bc, src, None));
+        }
+        assert_eq!(attempts(&net), [0, 0, 0, 0]);
+        assert_eq!(net.ports[0].stats.drops(DropReason::MacSpoofed), 3);
+        // Port 1's pinned address from port 2 or the uplink: refused.
+        plain(&net, Endpoint::Port(2), &frame(bc, mac(2), None));
+        plain(&net, Endpoint::Uplink(0), &frame(bc, mac(2), None));
+        assert_eq!(attempts(&net), [0, 0, 0, 0]);
+        assert_eq!(net.ports[2].stats.drops(DropReason::MacPinnedElsewhere), 1);
+        assert_eq!(net.up.stats.drops(DropReason::MacPinnedElsewhere), 1);
+        net.up.take();
+        // And frames for it still go to port 1 only.
+        plain(&net, Endpoint::Port(3), &frame(mac(2), mac(4), None));
+        assert_eq!(attempts(&net), [0, 1, 0, 0]);
+    }
+
+    #[test]
+    fn moves_are_counted_and_held() {
+        let net = setup();
+        let bc = Mac::BROADCAST;
+        let x = mac(7);
+        plain(&net, Endpoint::Port(P10A), &frame(bc, x, None));
+        plain(&net, Endpoint::Port(P10B), &frame(bc, x, None));
+        assert_eq!(net.ports[P10B].stats.mac_moves.load(Relaxed), 1);
+        // Moving back at once is refused and counted; frames for X stay with B.
+        plain(&net, Endpoint::Port(P10A), &frame(bc, x, None));
+        assert_eq!(net.ports[P10A].stats.drops(DropReason::MacMoveRefused), 1);
+        attempts(&net);
+        net.up.take();
+        plain(&net, Endpoint::Uplink(0), &frame(x, mac(9), Some(10)));
+        assert_eq!(attempts(&net), [0, 1, 0, 0]);
+        assert_eq!(net.ports[P10A].stats.mac_moves.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn a_source_flood_evicts_only_the_flooders_own_addresses() {
+        let net = setup();
+        let bc = Mac::BROADCAST;
+        // The two VLAN-10 ports know each other; P10A floods 10,000 source addresses
+        // (its quota is 8 here).
+        plain(&net, Endpoint::Port(P10A), &frame(bc, mac(1), None));
+        plain(&net, Endpoint::Port(P10B), &frame(bc, mac(2), None));
+        for i in 0..10_000u32 {
+            let b = i.to_be_bytes();
+            let src = Mac([2, 0x77, b[0], b[1], b[2], b[3]]);
+            plain(&net, Endpoint::Port(P10A), &frame(mac(2), src, None));
+        }
+        assert_eq!(
+            net.sw.fdb.lock().unwrap().learned_on(Endpoint::Port(P10A)),
+            8
+        );
+        attempts(&net);
+        net.up.take();
+        // A new host on the uplink is learned, and unicast between the others is
+        // still unicast.
+        plain(&net, Endpoint::Uplink(0), &frame(mac(2), mac(9), Some(10)));
+        plain(&net, Endpoint::Port(P10B), &frame(mac(9), mac(2), None));
+        assert_eq!(attempts(&net), [0, 1, 0, 0]);
         assert_eq!(net.up.take().len(), 1);
     }
 

@@ -3,17 +3,19 @@
 //! then slices of the original) with the frame's parsed offsets moved to match.
 
 use crate::frame::{Frame, GsoLayout};
-use crate::l2::{Domain, Tag, Vid, ADDRS_LEN, ETHERTYPE_VLAN, ETH_HDR_LEN, TAG_LEN};
+use crate::l2::{Domain, Tag, Vid, VlanSet, ADDRS_LEN, ETHERTYPE_VLAN, ETH_HDR_LEN, TAG_LEN};
 use crate::segment::{parse::gather, L3};
 use crate::stats::DropReason;
 
 /// How a frame's source attaches to the switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Attach {
+pub enum Attach<'a> {
     /// A port of this access VLAN.
     Access(Vid),
-    /// A port without a VLAN (the untagged domain).
+    /// A port without a VLAN (the untagged domain): untagged frames only.
     Untagged,
+    /// A `trunk=on` port: these VLANs tagged, the untagged domain untagged.
+    TrunkPort(&'a VlanSet),
     /// An uplink: a trunk carrying every VLAN tagged and the untagged domain as is.
     Trunk,
 }
@@ -33,25 +35,35 @@ impl Ingress {
 }
 
 /// Which domain a frame with `tag` entering at `at` belongs to, or the drop reason.
-/// `access`: every access VLAN in use, sorted.
-pub fn classify(at: Attach, tag: Tag, access: &[Vid]) -> Result<Ingress, DropReason> {
-    let is_access = |vid: u16| Vid::new(vid).is_some_and(|v| access.binary_search(&v).is_ok());
+/// `vlans`: every VLAN some port uses (access VLANs, trunk ports' allowed VIDs),
+/// sorted. Guests may send tags only on trunk ports, and only of their allowed VLANs:
+/// an 802.1ad or 0x9100 tag, a priority tag or a double tag is never read as
+/// untagged-domain traffic, so no guest can put a frame on the uplink that a switch
+/// beyond would file under another VLAN.
+pub fn classify(at: Attach, tag: Tag, vlans: &[Vid]) -> Result<Ingress, DropReason> {
+    let in_use = |vid: u16| Vid::new(vid).is_some_and(|v| vlans.binary_search(&v).is_ok());
+    let vlan = |vid: u16| Ingress {
+        domain: Vid::new(vid),
+        tagged: true,
+    };
     match (at, tag) {
-        (_, Tag::Short) if !access.is_empty() => Err(DropReason::TooShort),
-        (Attach::Access(_), Tag::Dot1q(_) | Tag::Other) => Err(DropReason::TaggedOnAccessPort),
-        (Attach::Access(v), _) => Ok(Ingress {
-            domain: Some(v),
-            tagged: false,
+        (_, Tag::Short) => Err(DropReason::TooShort),
+        (_, Tag::Untagged) => Ok(match at {
+            Attach::Access(v) => Ingress {
+                domain: Some(v),
+                tagged: false,
+            },
+            _ => Ingress::UNTAGGED,
         }),
-        // An untagged-domain guest must not speak for an access VLAN on the trunk.
-        (Attach::Untagged, Tag::Dot1q(vid)) if is_access(vid) => {
-            Err(DropReason::TaggedWithAccessVlan)
-        }
-        (Attach::Trunk, Tag::Dot1q(vid)) if is_access(vid) => Ok(Ingress {
-            domain: Vid::new(vid),
-            tagged: true,
-        }),
-        _ => Ok(Ingress::UNTAGGED),
+        (Attach::Access(_), _) => Err(DropReason::TaggedOnAccessPort),
+        // An untagged-domain guest must not speak for any VLAN on the trunk.
+        (Attach::Untagged, Tag::Dot1q(vid)) if in_use(vid) => Err(DropReason::TaggedWithAccessVlan),
+        (Attach::Untagged, _) => Err(DropReason::TaggedOnUntaggedPort),
+        (Attach::TrunkPort(allowed), Tag::Dot1q(vid)) if allowed.contains(vid) => Ok(vlan(vid)),
+        (Attach::TrunkPort(_), _) => Err(DropReason::VlanNotAllowed),
+        (Attach::Trunk, Tag::Dot1q(vid)) if in_use(vid) => Ok(vlan(vid)),
+        // Tags no port uses stay the untagged domain's, kept as they are.
+        (Attach::Trunk, _) => Ok(Ingress::UNTAGGED),
     }
 }
 
@@ -217,37 +229,78 @@ mod tests {
     #[test]
     fn classify_by_attachment_and_tag() {
         let v = |n| Vid::new(n).unwrap();
-        let access = [v(10), v(20)];
-        let c = |at, tag| classify(at, tag, &access);
+        // VLANs in use: access 10 and 20, and the trunk's 10 and 40-41.
+        let vlans = [v(10), v(20), v(40), v(41)];
+        let allowed: VlanSet = "10:40-41".parse().unwrap();
+        let c = |at, tag| classify(at, tag, &vlans);
         let vlan = |n, tagged| {
             Ok(Ingress {
                 domain: Vid::new(n),
                 tagged,
             })
         };
-        assert_eq!(c(Attach::Access(v(10)), Tag::Untagged), vlan(10, false));
-        for t in [Tag::Dot1q(10), Tag::Dot1q(0), Tag::Other] {
-            assert_eq!(
-                c(Attach::Access(v(10)), t),
-                Err(DropReason::TaggedOnAccessPort)
-            );
+        // Every kind of tag: untagged, 802.1Q with a VID in use / not in use / the
+        // priority tag, and 802.1ad, 0x9100 or a cut-short 802.1Q (Other; double tags
+        // are read by their outer tag, one of these).
+        let tags = [
+            Tag::Untagged,
+            Tag::Dot1q(10),
+            Tag::Dot1q(20),
+            Tag::Dot1q(40),
+            Tag::Dot1q(30),
+            Tag::Dot1q(0),
+            Tag::Dot1q(4095),
+            Tag::Other,
+        ];
+        let want = |at: Attach, tag: Tag| -> Result<Ingress, DropReason> {
+            use DropReason::*;
+            match (at, tag) {
+                (Attach::Access(_), Tag::Untagged) => vlan(10, false),
+                (Attach::Access(_), _) => Err(TaggedOnAccessPort),
+                (_, Tag::Untagged) => Ok(Ingress::UNTAGGED),
+                (Attach::Untagged, Tag::Dot1q(10 | 20 | 40)) => Err(TaggedWithAccessVlan),
+                (Attach::Untagged, _) => Err(TaggedOnUntaggedPort),
+                (Attach::TrunkPort(_), Tag::Dot1q(n @ (10 | 40))) => vlan(n, true),
+                (Attach::TrunkPort(_), _) => Err(VlanNotAllowed),
+                (Attach::Trunk, Tag::Dot1q(n @ (10 | 20 | 40))) => vlan(n, true),
+                (Attach::Trunk, _) => Ok(Ingress::UNTAGGED),
+            }
+        };
+        let attachments = [
+            Attach::Access(v(10)),
+            Attach::Untagged,
+            Attach::TrunkPort(&allowed),
+            Attach::Trunk,
+        ];
+        for at in attachments {
+            for tag in tags {
+                assert_eq!(c(at, tag), want(at, tag), "{tag:?} from {at:?}");
+            }
+            assert_eq!(c(at, Tag::Short), Err(DropReason::TooShort), "{at:?}");
         }
+        // Without any VLAN in use, tags from guests are still refused.
         assert_eq!(
-            c(Attach::Access(v(10)), Tag::Short),
-            Err(DropReason::TooShort)
+            classify(Attach::Untagged, Tag::Dot1q(10), &[]),
+            Err(DropReason::TaggedOnUntaggedPort)
         );
-        assert_eq!(c(Attach::Untagged, Tag::Untagged), Ok(Ingress::UNTAGGED));
-        assert_eq!(c(Attach::Untagged, Tag::Dot1q(30)), Ok(Ingress::UNTAGGED));
-        assert_eq!(c(Attach::Untagged, Tag::Other), Ok(Ingress::UNTAGGED));
         assert_eq!(
-            c(Attach::Untagged, Tag::Dot1q(20)),
-            Err(DropReason::TaggedWithAccessVlan)
+            classify(Attach::Trunk, Tag::Dot1q(10), &[]),
+            Ok(Ingress::UNTAGGED)
         );
-        assert_eq!(c(Attach::Trunk, Tag::Dot1q(20)), vlan(20, true));
-        assert_eq!(c(Attach::Trunk, Tag::Dot1q(30)), Ok(Ingress::UNTAGGED));
-        assert_eq!(c(Attach::Trunk, Tag::Dot1q(0)), Ok(Ingress::UNTAGGED));
-        assert_eq!(c(Attach::Trunk, Tag::Other), Ok(Ingress::UNTAGGED));
-        assert_eq!(c(Attach::Trunk, Tag::Untagged), Ok(Ingress::UNTAGGED));
+    }
+
+    #[test]
+    fn a_trunk_port_takes_exactly_its_allowed_list() {
+        let allowed: VlanSet = "1:100-199:4094".parse().unwrap();
+        for vid in 0..=4095u16 {
+            let ok = vid == 1 || (100..=199).contains(&vid) || vid == 4094;
+            let r = classify(Attach::TrunkPort(&allowed), Tag::Dot1q(vid), &[]);
+            if ok {
+                assert_eq!(r.map(|i| i.domain), Ok(Vid::new(vid)), "{vid}");
+            } else {
+                assert_eq!(r, Err(DropReason::VlanNotAllowed), "{vid}");
+            }
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::backend::switch::deliver::Destination;
 use crate::backend::switch::SwitchPort;
 use crate::config::PortConfig;
 use crate::features::{self, Caps, FeatureMask, Negotiated};
-use crate::l2::Vid;
+use crate::l2::{Mac, Vid, VlanSet};
 use crate::ring::rx::{self, RxError, RxFormat, RxScratch};
 use crate::ring::{avail_in_range, GuestMem};
 use crate::stats::{Counters, DropReason};
@@ -282,6 +282,22 @@ impl Destination for Port {
 impl SwitchPort for Port {
     fn vlan(&self) -> Option<Vid> {
         self.cfg.vlan
+    }
+
+    fn trunk(&self) -> Option<VlanSet> {
+        self.cfg.trunk.clone()
+    }
+
+    fn mac(&self) -> Option<Mac> {
+        self.cfg.mac
+    }
+
+    fn mac_lock(&self) -> bool {
+        self.cfg.mac_lock
+    }
+
+    fn mac_limit(&self) -> usize {
+        self.cfg.mac_limit
     }
 
     fn is_connected(&self) -> bool {
