@@ -37,6 +37,10 @@ from harness.hostnet import alloc_subnet, set_addr, tun_available, unique_name
 from harness.paths import TESTPMD
 from harness.testpmd import TestPmd
 
+# DPDK's memory (a memfd without seals under --no-huge, hugetlbfs files otherwise)
+# cannot be sealed against shrinking: gsonet takes it only where the port allows it.
+UNSEALED = "allow_unsealed_memory=on"
+
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
 SOL_PACKET = 263
@@ -169,7 +173,7 @@ def test_txonly_to_tap(dpdk_env, tmp_path, record_measurement):
     tap, sock = unique_name("fe"), tmp_path / "a.sock"
     dport = 40000 + os.getpid() % 20000
     a_mac = "02:00:00:fe:0a:01"
-    with Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=tmp_path,
+    with Gsonet([f"socket={sock},{UNSEALED}"], [f"tap={tap}"], workdir=tmp_path,
                 name="gsonet-dpdk-tx") as gs:
         try:
             _quiet_tap(tap)
@@ -259,7 +263,7 @@ def test_tap_to_rxonly(dpdk_env, tmp_path, record_measurement):
     b_mac = "02:00:00:fe:0b:01"
     src_mac = "02:00:00:fe:0b:99"
     n_frames = 2000
-    with Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=tmp_path,
+    with Gsonet([f"socket={sock},{UNSEALED}"], [f"tap={tap}"], workdir=tmp_path,
                 name="gsonet-dpdk-rx") as gs:
         _quiet_tap(tap)
         with _virtio_user("rx", sock, "rxonly", mac=b_mac) as tp:
@@ -320,7 +324,7 @@ def test_two_frontends_switched(dpdk_env, tmp_path, record_measurement):
     sa, sb = tmp_path / "a.sock", tmp_path / "b.sock"
     a_mac, b_mac = "02:00:00:fe:0c:0a", "02:00:00:fe:0c:0b"
     offl = ["--rx-offloads=0x1c", "--tx-offloads=0x2c"]  # tcp/udp csum + LRO; csum + TSO
-    with Gsonet([f"socket={sa}", f"socket={sb},mac={b_mac}"], [f"tap={tap}"],
+    with Gsonet([f"socket={sa},{UNSEALED}", f"socket={sb},mac={b_mac},{UNSEALED}"], [f"tap={tap}"],
                 workdir=tmp_path, name="gsonet-dpdk-ab") as gs:
         _quiet_tap(tap)
         with _virtio_user("b", sb, "rxonly", mac=b_mac, args=offl) as b:
@@ -373,7 +377,7 @@ def test_tso_frame_to_dpdk(dpdk_env, tmp_path, record_measurement):
     tap, sock = unique_name("fe"), tmp_path / "c.sock"
     b_mac, src_mac = "02:00:00:fe:0d:01", "02:00:00:fe:0d:99"
     payload = 60000
-    with Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=tmp_path,
+    with Gsonet([f"socket={sock},{UNSEALED}"], [f"tap={tap}"], workdir=tmp_path,
                 name="gsonet-dpdk-tso") as gs:
         _quiet_tap(tap)
         with _virtio_user("tso", sock, "rxonly", mac=b_mac,
@@ -423,7 +427,7 @@ def test_frontend_kill_and_reattach(dpdk_env, tmp_path, record_measurement):
     marks the port disconnected, and a second testpmd attaches to the same socket,
     negotiates and moves frames."""
     tap, sock = unique_name("fe"), tmp_path / "d.sock"
-    with Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=tmp_path,
+    with Gsonet([f"socket={sock},{UNSEALED}"], [f"tap={tap}"], workdir=tmp_path,
                 name="gsonet-dpdk-kill") as gs:
         _quiet_tap(tap)
         args = ["--eth-peer=0,02:00:00:fe:0e:ff", "--tx-ip=10.77.252.1,10.77.252.2"]

@@ -87,6 +87,9 @@ pub struct PortConfig {
     /// Most addresses the switch learns on this port; past it, the port's own oldest
     /// address is forgotten.
     pub mac_limit: usize,
+    /// Map guest memory from files not sealed against shrinking (hugetlbfs or
+    /// /dev/shm files, DPDK's memfds): the frontend is trusted not to truncate them.
+    pub allow_unsealed_memory: bool,
 }
 
 /// Addresses a port may have learned at once, unless `mac_limit=` says otherwise.
@@ -188,7 +191,7 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, vlan, trunk, allowed_vlans, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
     /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,tso=off]...`.
@@ -210,6 +213,7 @@ impl PortConfig {
             trunk: None,
             mac_lock: false,
             mac_limit: PORT_MAC_LIMIT,
+            allow_unsealed_memory: false,
         };
         let mut trunk = None;
         let mut allowed = None;
@@ -232,6 +236,7 @@ impl PortConfig {
                 "allowed_vlans" => {
                     allowed = Some((v.parse::<VlanSet>().map_err(|e| bad(W, &k, &v, e))?, v))
                 }
+                "allow_unsealed_memory" => c.allow_unsealed_memory = on_off(W, &k, &v)?,
                 name if FeatureMask::NAMES.contains(&name) => {
                     let on = on_off(W, &k, &v)?;
                     c.mask.set(name, on);
@@ -679,6 +684,27 @@ mod tests {
         assert!(c.ports[1].mac_lock && c.ports[1].mac_limit == 16);
         assert!(Config::from_toml("[[port]]\nsocket='a'\nmac_lock=true").is_err());
         assert!(Config::from_toml("[[port]]\nsocket='a'\ntrunk=true").is_err());
+    }
+
+    #[test]
+    fn unsealed_memory_is_refused_unless_allowed() {
+        assert!(!PortConfig::parse("socket=a").unwrap().allow_unsealed_memory);
+        assert!(
+            PortConfig::parse("socket=a,allow_unsealed_memory=on")
+                .unwrap()
+                .allow_unsealed_memory
+        );
+        assert!(
+            PortConfig::parse("socket=a,allow_unsealed_memory")
+                .unwrap()
+                .allow_unsealed_memory
+        );
+        assert!(matches!(
+            PortConfig::parse("socket=a,allow_unsealed_memory=maybe"),
+            Err(ConfigError::BadValue { .. })
+        ));
+        let c = Config::from_toml("[[port]]\nsocket='a'\nallow_unsealed_memory=true").unwrap();
+        assert!(c.ports[0].allow_unsealed_memory);
     }
 
     #[test]

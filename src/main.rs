@@ -61,6 +61,8 @@ Logging: RUST_LOG=gsonet=debug")]
         /// untagged domain untagged; other tags are dropped (vlan_not_allowed). Not with vlan=.
         /// Ports with neither form the untagged domain and send untagged frames only: any
         /// tag, 802.1ad and double tags included, is dropped (tagged_on_untagged_port).
+        /// allow_unsealed_memory=on takes guest memory in files not sealed against shrinking
+        /// (hugetlbfs or /dev/shm files, DPDK); by default only sealed memfds are mapped.
         #[arg(long = "port", value_name = "SPEC")]
         ports: Vec<String>,
         /// An uplink: tap=NAME or dev=IFNAME, then [,queues=N][,gso=pass|software][,max_burst=N]

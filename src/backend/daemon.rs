@@ -123,7 +123,7 @@ fn serve_port(port: Arc<Port>, switch: Arc<Switch>, listener: Option<UnixListene
             }
             let (mut inner, addr) = inner_listener(&port).map_err(|e| e.to_string())?;
             let back = UnixStream::connect_addr(&addr).map_err(|e| e.to_string())?;
-            relay::spawn(front, back, name.clone()).map_err(|e| e.to_string())?;
+            relay::spawn(front, back, port.clone()).map_err(|e| e.to_string())?;
             daemon.start(&mut inner).map_err(|e| e.to_string())?;
             Ok(daemon)
         };

@@ -129,6 +129,20 @@ drop_reasons! {
     /// The frame would need more than 256 RX buffers or 1024 descriptors.
     RxTooFragmented = "rx_too_fragmented",
 
+    // The vhost-user control plane (backend::vhost::firewall): each refused request ends that frontend's connection; the port waits for the next.
+    /// A vhost-user request gsonet did not offer (unknown, or of a protocol feature it never offered) or with bad header flags.
+    FrontendRequestRefused = "frontend_request_refused",
+    /// A vhost-user request whose payload does not have the request's size, or a field out of range (ring index, enable state, memory region count or bounds).
+    FrontendBadPayload = "frontend_bad_payload",
+    /// File descriptors on a vhost-user request that carries none, or more or fewer than it takes.
+    FrontendBadFds = "frontend_bad_fds",
+    /// A kick, call or error descriptor that is not an eventfd.
+    FrontendNotEventfd = "frontend_not_eventfd",
+    /// A guest memory region whose file is not a regular file or ends before the region does.
+    FrontendBadMemory = "frontend_bad_memory",
+    /// Guest memory in a file not sealed against shrinking (F_SEAL_SHRINK), on a port without allow_unsealed_memory.
+    FrontendUnsealedMemory = "frontend_unsealed_memory",
+
     // Uplink devices.
     /// Reading from the uplink device failed.
     UplinkReadError = "uplink_read_error",

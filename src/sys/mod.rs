@@ -1,9 +1,11 @@
 //! The kernel boundary: every syscall and ioctl gsonet makes, behind safe, typed functions:
-//! tap queues (`tun`), AF_PACKET sockets (`packet`), interfaces (`netdev`), fds (`io`, `scm`).
+//! tap queues (`tun`), AF_PACKET sockets (`packet`), interfaces (`netdev`), fds (`io`, `scm`,
+//! and `fd` for what a descriptor from another process is).
 
 // The one room allowed to call into libc; every block states its invariant.
 #![allow(unsafe_code)]
 
+pub mod fd;
 pub mod io;
 pub mod netdev;
 pub mod packet;

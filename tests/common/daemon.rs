@@ -217,6 +217,11 @@ impl Daemon {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// How the process ended, if it did.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// `gsonet stats --json` against this daemon.
     pub fn stats(&self) -> Result<Value> {
         stats_json(&self.control)

@@ -149,6 +149,9 @@ pub struct FrontendOpts {
     pub auto_repost: bool,
     /// How long `connect`/`accept` wait for the other side.
     pub connect_timeout: Duration,
+    /// Seal the guest memory memfd against shrinking and growing, as QEMU's
+    /// memory-backend-memfd does (gsonet refuses unsealed memory by default).
+    pub seal_memory: bool,
 }
 
 impl Default for FrontendOpts {
@@ -166,6 +169,7 @@ impl Default for FrontendOpts {
             always_kick: false,
             auto_repost: true,
             connect_timeout: Duration::from_secs(5),
+            seal_memory: true,
         }
     }
 }
@@ -366,6 +370,29 @@ pub fn temp_socket_path(tag: &str) -> PathBuf {
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ))
+}
+
+/// A memfd of `size` bytes, sealed against shrinking and growing (F_SEAL_SHRINK,
+/// F_SEAL_GROW, F_SEAL_SEAL: what QEMU's memory-backend-memfd does) when `seal`.
+pub fn memfd(size: u64, seal: bool) -> Result<File> {
+    // SAFETY: plain syscall with a valid C string.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"gsonet-test-guest".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    ensure!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: fd is a fresh descriptor we own.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(size)?;
+    if seal {
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: F_ADD_SEALS on a descriptor we own takes an int and no pointers.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+        ensure!(r == 0, "F_ADD_SEALS: {}", std::io::Error::last_os_error());
+    }
+    Ok(file)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -581,12 +608,7 @@ impl TestFrontend {
         let n = opts.mem_regions as u64;
         let per = (opts.mem_size / n) & !0xfff;
         ensure!(per >= 1 << 20, "memory regions too small");
-        // SAFETY: plain syscall with a valid C string.
-        let fd = unsafe { libc::memfd_create(c"gsonet-test-guest".as_ptr(), libc::MFD_CLOEXEC) };
-        ensure!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-        // SAFETY: fd is a fresh descriptor we own.
-        let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(per * n)?;
+        let file = memfd(per * n, opts.seal_memory)?;
         let mut ranges = Vec::new();
         for i in 0..n {
             let fo = FileOffset::new(file.try_clone()?, i * per);

@@ -33,6 +33,11 @@ pub struct PortBackend {
     hellos: Arc<Vec<EventFd>>,
 }
 
+/// The protocol features offered (the vhost crate adds REPLY_ACK itself). The relay
+/// refuses every request these do not permit.
+pub const PROTOCOL_FEATURES: VhostUserProtocolFeatures =
+    VhostUserProtocolFeatures::MQ.union(VhostUserProtocolFeatures::REPLY_ACK);
+
 /// Listener id of the start-up event, past the queue and exit ids.
 fn hello_id(queue_pairs: usize) -> u64 {
     queue_pairs as u64 * 2 + 1
@@ -106,7 +111,7 @@ impl VhostUserBackend for PortBackend {
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK
+        PROTOCOL_FEATURES
     }
 
     fn set_event_idx(&self, _enabled: bool) {}

@@ -1,7 +1,9 @@
-//! The vhost-user side of a port: the relay in front of the vhost crate, the port's
-//! shared state and RX writer, the `VhostUserBackend` shell and the TX loop.
+//! The vhost-user side of a port: the relay in front of the vhost crate and the
+//! control-plane firewall it applies, the port's shared state and RX writer, the
+//! `VhostUserBackend` shell and the TX loop.
 
 pub mod backend;
+pub mod firewall;
 pub mod port;
 pub mod relay;
 pub mod tx;

@@ -1,9 +1,17 @@
-//! A relay in front of the vhost crate's request handler. QEMU's virtio-net sends
-//! SET_VRING_ENABLE at every device reset, before SET_FEATURES, and does not repeat it
-//! when the device starts; the vhost crate treats an early one as a fatal protocol
-//! error and closes the connection. The relay answers early requests itself, keeps
-//! the last state asked for each ring, and replays it right after SET_FEATURES. Every
-//! other message passes through unchanged, file descriptors included.
+//! The relay between a port's frontend (QEMU) and the vhost crate's request handler,
+//! and the port's control-plane firewall: every request is checked (`firewall`) before
+//! the crate sees it, and a refused one is counted, logged and ends the connection.
+//!
+//! Descriptors are checked for what they must be before they pass: kick, call and error
+//! descriptors must be eventfds and are made non-blocking (no thread ever blocks
+//! signalling a guest); memory files must be regular files at least as long as their
+//! regions, and sealed against shrinking unless the port allows otherwise (a file that
+//! shrinks under a mapping raises SIGBUS in whichever thread touches it).
+//!
+//! QEMU's virtio-net also sends SET_VRING_ENABLE at every device reset, before
+//! SET_FEATURES, and does not repeat it when the device starts; the vhost crate treats
+//! an early one as a fatal protocol error. The relay answers early requests itself,
+//! keeps the last state asked for each ring, and replays it right after SET_FEATURES.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -11,55 +19,53 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::thread;
 
-use tracing::debug;
+use tracing::{debug, trace, warn};
 
-use crate::sys::scm;
+use super::backend::PROTOCOL_FEATURES;
+use super::firewall::{
+    req, FdCheck, Firewall, Header, Policy, Refusal, Verdict, FLAG_REPLY, FLAG_VERSION, HDR,
+    MAX_FDS,
+};
+use super::port::Port;
+use crate::stats::DropReason;
+use crate::sys::{fd, scm};
 
-const HDR: usize = 12;
-const SET_FEATURES: u32 = 2;
-const SET_VRING_ENABLE: u32 = 18;
-const FLAG_VERSION: u32 = 0x1;
-const FLAG_REPLY: u32 = 0x4;
-const FLAG_NEED_REPLY: u32 = 0x8;
-/// Largest payload a vhost-user message may carry (memory tables, config space).
-const MAX_PAYLOAD: usize = 0x1000 + 256;
-const MAX_FDS: usize = 32;
+/// Largest payload of the handler's replies (the vhost crate's MAX_MSG_SIZE).
+const MAX_REPLY: usize = 0x1000;
 
-/// One message: header fields, payload and the descriptors that came with it.
+/// One message: header, payload and the descriptors that came with it.
 struct Msg {
-    hdr: [u8; HDR],
+    hdr: Header,
     payload: Vec<u8>,
     fds: Vec<OwnedFd>,
 }
 
-impl Msg {
-    fn request(&self) -> u32 {
-        u32::from_le_bytes([self.hdr[0], self.hdr[1], self.hdr[2], self.hdr[3]])
-    }
-
-    fn flags(&self) -> u32 {
-        u32::from_le_bytes([self.hdr[4], self.hdr[5], self.hdr[6], self.hdr[7]])
-    }
-}
-
-/// Reads one message; Ok(None) at end of stream.
-fn recv(s: &mut UnixStream) -> io::Result<Option<Msg>> {
+/// Reads one header and the descriptors sent with it; Ok(None) at end of stream.
+/// More than `max_fds` descriptors is an ENOBUFS error (and none are kept).
+fn recv_header(s: &mut UnixStream, max_fds: usize) -> io::Result<Option<(Header, Vec<OwnedFd>)>> {
     let mut hdr = [0u8; HDR];
-    let (n, fds) = scm::recv_with_fds(s, &mut hdr, MAX_FDS)?;
+    let (n, fds) = scm::recv_with_fds(s, &mut hdr, max_fds)?;
     if n == 0 {
         return Ok(None);
     }
     if n < HDR {
         s.read_exact(&mut hdr[n..])?;
     }
-    let size = u32::from_le_bytes([hdr[8], hdr[9], hdr[10], hdr[11]]) as usize;
-    if size > MAX_PAYLOAD {
+    Ok(Some((Header::parse(&hdr), fds)))
+}
+
+/// Reads one of the handler's replies; Ok(None) at end of stream.
+fn recv_reply(s: &mut UnixStream) -> io::Result<Option<Msg>> {
+    let Some((hdr, fds)) = recv_header(s, MAX_FDS)? else {
+        return Ok(None);
+    };
+    if hdr.size as usize > MAX_REPLY {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("vhost-user payload of {size} bytes"),
+            format!("vhost-user payload of {} bytes", hdr.size),
         ));
     }
-    let mut payload = vec![0u8; size];
+    let mut payload = vec![0u8; hdr.size as usize];
     s.read_exact(&mut payload)?;
     Ok(Some(Msg { hdr, payload, fds }))
 }
@@ -67,7 +73,7 @@ fn recv(s: &mut UnixStream) -> io::Result<Option<Msg>> {
 /// Writes one message in a single sendmsg, descriptors attached to its first byte.
 fn send(s: &UnixStream, m: &Msg) -> io::Result<()> {
     let mut bytes = Vec::with_capacity(HDR + m.payload.len());
-    bytes.extend_from_slice(&m.hdr);
+    bytes.extend_from_slice(&m.hdr.bytes());
     bytes.extend_from_slice(&m.payload);
     let fds: Vec<BorrowedFd<'_>> = m.fds.iter().map(|f| f.as_fd()).collect();
     let n = scm::send_with_fds(s, &bytes, &fds)?;
@@ -78,79 +84,191 @@ fn send(s: &UnixStream, m: &Msg) -> io::Result<()> {
 }
 
 /// The answer to an early SET_VRING_ENABLE that asked for one: success.
-fn ack(req: &Msg) -> Msg {
-    let mut hdr = [0u8; HDR];
-    hdr[..4].copy_from_slice(&req.request().to_le_bytes());
-    hdr[4..8].copy_from_slice(&(FLAG_VERSION | FLAG_REPLY).to_le_bytes());
-    hdr[8..12].copy_from_slice(&8u32.to_le_bytes());
+fn ack(req: &Header) -> Msg {
     Msg {
-        hdr,
+        hdr: Header {
+            request: req.request,
+            flags: FLAG_VERSION | FLAG_REPLY,
+            size: 8,
+        },
         payload: vec![0; 8],
         fds: Vec::new(),
     }
 }
 
 /// Sends a recorded SET_VRING_ENABLE (no reply asked, so none comes back).
-fn replay(back: &UnixStream, payload: &[u8]) -> io::Result<()> {
-    let mut hdr = [0u8; HDR];
-    hdr[..4].copy_from_slice(&SET_VRING_ENABLE.to_le_bytes());
-    hdr[4..8].copy_from_slice(&FLAG_VERSION.to_le_bytes());
-    hdr[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+fn replay(back: &UnixStream, ring: u32, state: u32) -> io::Result<()> {
+    let mut payload = ring.to_le_bytes().to_vec();
+    payload.extend_from_slice(&state.to_le_bytes());
     send(
         back,
         &Msg {
-            hdr,
-            payload: payload.to_vec(),
+            hdr: Header {
+                request: req::SET_VRING_ENABLE,
+                flags: FLAG_VERSION,
+                size: 8,
+            },
+            payload,
             fds: Vec::new(),
         },
     )
 }
 
-/// Relays between `front` (QEMU) and `back` (the vhost crate's handler) until either
-/// side closes; returns at once, the work happens in two threads.
-pub fn spawn(front: UnixStream, back: UnixStream, name: String) -> io::Result<()> {
+/// Checks the descriptors of an admitted message against what it must carry; call,
+/// kick and error eventfds come out non-blocking.
+fn check_fds(check: &FdCheck, fds: &[OwnedFd], allow_unsealed: bool) -> Result<(), Refusal> {
+    let cannot_tell =
+        |reason, e: io::Error| Refusal::new(reason, format!("cannot inspect a descriptor: {e}"));
+    match check {
+        FdCheck::None => {}
+        FdCheck::Eventfd => {
+            for f in fds {
+                let not = DropReason::FrontendNotEventfd;
+                if !fd::is_eventfd(f.as_fd()).map_err(|e| cannot_tell(not, e))? {
+                    return Err(Refusal::new(
+                        not,
+                        "a kick, call or error descriptor that is not an eventfd",
+                    ));
+                }
+                fd::set_nonblocking(f.as_fd()).map_err(|e| cannot_tell(not, e))?;
+            }
+        }
+        FdCheck::Memory(regions) => {
+            for (i, (r, f)) in regions.iter().zip(fds).enumerate() {
+                let bad = DropReason::FrontendBadMemory;
+                let st = fd::stat(f.as_fd()).map_err(|e| cannot_tell(bad, e))?;
+                if !st.regular {
+                    return Err(Refusal::new(
+                        bad,
+                        format!("memory region {i} is not in a regular file"),
+                    ));
+                }
+                if r.end() > st.size {
+                    return Err(Refusal::new(
+                        bad,
+                        format!(
+                            "memory region {i} ends at byte {} of a {}-byte file",
+                            r.end(),
+                            st.size
+                        ),
+                    ));
+                }
+                let unsealed = DropReason::FrontendUnsealedMemory;
+                let seals = fd::seals(f.as_fd()).map_err(|e| cannot_tell(unsealed, e))?;
+                if !allow_unsealed && !seals.no_shrink() {
+                    return Err(Refusal::new(
+                        unsealed,
+                        format!(
+                            "memory region {i} is in a file not sealed against shrinking \
+                             (seals {:#x}): use QEMU's memory-backend-memfd (it seals by \
+                             default), or set allow_unsealed_memory=on on this port to trust \
+                             the frontend never to truncate it",
+                            seals.bits()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How the frontend's side of a connection ended.
+enum End {
+    /// It closed, or a socket failed.
+    Closed,
+    /// The firewall refused a message (its header, when it was read).
+    Refused(Option<Header>, Refusal),
+}
+
+/// Checks and forwards the frontend's requests until the connection ends.
+fn inbound(
+    front: &mut UnixStream,
+    back: &UnixStream,
+    front_w: &Mutex<UnixStream>,
+    port: &Port,
+    fw: &mut Firewall,
+) -> End {
+    let name = port.name();
+    loop {
+        let (hdr, fds) = match recv_header(front, MAX_FDS) {
+            Ok(Some(m)) => m,
+            Ok(None) => return End::Closed,
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                let why = format!("more than {MAX_FDS} descriptors on one message");
+                return End::Refused(None, Refusal::new(DropReason::FrontendBadFds, why));
+            }
+            Err(_) => return End::Closed,
+        };
+        trace!(port = %name, request = hdr.request, flags = hdr.flags, size = hdr.size, fds = fds.len(), "vhost-user request");
+        // The header first: a bad size is refused before anything is read or allocated.
+        if let Err(r) = fw.header(&hdr) {
+            return End::Refused(Some(hdr), r);
+        }
+        let mut payload = vec![0u8; hdr.size as usize];
+        if front.read_exact(&mut payload).is_err() {
+            return End::Closed;
+        }
+        let check = match fw.admit(&hdr, &mut payload, fds.len()) {
+            Ok(Verdict::Forward(check)) => check,
+            Ok(Verdict::Early) => {
+                debug!(port = %name, "answering SET_VRING_ENABLE sent before SET_FEATURES");
+                if hdr.need_reply() && fw.reply_ack() {
+                    let w = front_w.lock().unwrap_or_else(|e| e.into_inner());
+                    if send(&w, &ack(&hdr)).is_err() {
+                        return End::Closed;
+                    }
+                }
+                continue;
+            }
+            Err(r) => return End::Refused(Some(hdr), r),
+        };
+        if let Err(r) = check_fds(&check, &fds, port.cfg.allow_unsealed_memory) {
+            return End::Refused(Some(hdr), r);
+        }
+        if send(back, &Msg { hdr, payload, fds }).is_err() {
+            return End::Closed;
+        }
+        if hdr.request == req::SET_FEATURES
+            && fw
+                .early()
+                .any(|(ring, state)| replay(back, ring, state).is_err())
+        {
+            return End::Closed;
+        }
+    }
+}
+
+/// Relays between `front` (the frontend) and `back` (the vhost crate's handler) for
+/// `port` until either side closes or the firewall refuses a request; returns at once,
+/// the work happens in two threads.
+pub fn spawn(front: UnixStream, back: UnixStream, port: Arc<Port>) -> io::Result<()> {
     let front_w = Arc::new(Mutex::new(front.try_clone()?));
     let (mut front_r, back_w) = (front, back.try_clone()?);
     let mut back_r = back;
-    let fw = front_w.clone();
-    let n2 = name.clone();
+    let fw_lock = front_w.clone();
+    let policy = Policy {
+        queues: (port.queue_pairs() * 2) as u32,
+        protocol_features: PROTOCOL_FEATURES.bits(),
+    };
+    let p = port.clone();
     thread::Builder::new().name("vu-relay-in".into()).spawn(move || {
-        let mut features_set = false;
-        let mut early: std::collections::BTreeMap<u32, Vec<u8>> = Default::default();
-        while let Ok(Some(m)) = recv(&mut front_r) {
-            tracing::trace!(port = %n2, request = m.request(), flags = m.flags(), fds = m.fds.len(), "vhost-user request");
-            match m.request() {
-                SET_VRING_ENABLE if !features_set => {
-                    debug!(port = %n2, "answering SET_VRING_ENABLE sent before SET_FEATURES");
-                    if m.payload.len() >= 8 {
-                        let ring = u32::from_le_bytes([m.payload[0], m.payload[1], m.payload[2], m.payload[3]]);
-                        early.insert(ring, m.payload.clone());
-                    }
-                    if m.flags() & FLAG_NEED_REPLY != 0 {
-                        let w = fw.lock().unwrap_or_else(|e| e.into_inner());
-                        if send(&w, &ack(&m)).is_err() {
-                            break;
-                        }
-                    }
-                    continue;
-                }
-                SET_FEATURES => features_set = true,
-                _ => {}
-            }
-            if send(&back_w, &m).is_err() {
-                break;
-            }
-            if m.request() == SET_FEATURES && early.values().any(|p| replay(&back_w, p).is_err()) {
-                break;
+        let mut fw = Firewall::new(policy);
+        if let End::Refused(hdr, r) = inbound(&mut front_r, &back_w, &fw_lock, &p, &mut fw) {
+            p.stats.drop(r.reason);
+            // A frontend can reconnect in a loop: the line is rate-limited per port.
+            if let Some(quiet) = p.log.allow() {
+                warn!(port = %p.name(), request = hdr.map(|h| h.request), reason = %r.reason, suppressed = quiet,
+                    "refused a vhost-user request: {}; closing the frontend's connection", r.why);
             }
         }
         let _ = back_w.shutdown(std::net::Shutdown::Both);
-        let _ = fw.lock().map(|f| f.shutdown(std::net::Shutdown::Both));
+        let _ = fw_lock.lock().map(|f| f.shutdown(std::net::Shutdown::Both));
     })?;
     thread::Builder::new()
         .name("vu-relay-out".into())
         .spawn(move || {
-            while let Ok(Some(m)) = recv(&mut back_r) {
+            while let Ok(Some(m)) = recv_reply(&mut back_r) {
                 let w = front_w.lock().unwrap_or_else(|e| e.into_inner());
                 if send(&w, &m).is_err() {
                     break;
@@ -158,7 +276,7 @@ pub fn spawn(front: UnixStream, back: UnixStream, name: String) -> io::Result<()
             }
             let _ = back_r.shutdown(std::net::Shutdown::Both);
             let _ = front_w.lock().map(|f| f.shutdown(std::net::Shutdown::Both));
-            debug!(port = %name, "relay closed");
+            debug!(port = %port.name(), "relay closed");
         })?;
     Ok(())
 }
@@ -166,28 +284,103 @@ pub fn spawn(front: UnixStream, back: UnixStream, name: String) -> io::Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::PortConfig;
+    use crate::sys::fd::is_nonblocking;
+    use std::fs::File;
+    use std::time::Duration;
 
-    fn msg(req: u32, flags: u32, payload: &[u8]) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend_from_slice(&req.to_le_bytes());
-        v.extend_from_slice(&flags.to_le_bytes());
-        v.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        v.extend_from_slice(payload);
-        v
+    const REPLY_ACK: u64 = 1 << 3;
+
+    fn port(opts: &str) -> Arc<Port> {
+        Arc::new(Port::new(
+            0,
+            PortConfig::parse(&format!("socket=/t{opts}")).unwrap(),
+        ))
+    }
+
+    /// A relay for `port`: (the frontend's end, the handler's end).
+    fn relay(port: Arc<Port>) -> (UnixStream, UnixStream) {
+        let (qemu, front) = UnixStream::pair().unwrap();
+        let (back, handler) = UnixStream::pair().unwrap();
+        spawn(front, back, port).unwrap();
+        qemu.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        handler
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        (qemu, handler)
+    }
+
+    fn msg(request: u32, flags: u32, payload: &[u8], fds: Vec<OwnedFd>) -> Msg {
+        Msg {
+            hdr: Header {
+                request,
+                flags,
+                size: payload.len() as u32,
+            },
+            payload: payload.to_vec(),
+            fds,
+        }
+    }
+
+    fn pair(a: u32, b: u32) -> Vec<u8> {
+        [a.to_le_bytes(), b.to_le_bytes()].concat()
+    }
+
+    fn eventfd() -> OwnedFd {
+        fd::test_eventfd()
+    }
+
+    fn memfd(size: u64, seal: bool) -> OwnedFd {
+        fd::test_memfd(size, seal)
+    }
+
+    /// Whether the relay closed the frontend's end (EOF) within the read timeout.
+    fn closed(qemu: &mut UnixStream) -> bool {
+        let mut b = [0u8; 64];
+        loop {
+            match qemu.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                // Closed with our message unread.
+                Err(e) => return e.kind() == io::ErrorKind::ConnectionReset,
+            }
+        }
     }
 
     #[test]
     fn early_enable_is_answered_and_the_rest_passes_with_fds() {
-        let (mut qemu, front) = UnixStream::pair().unwrap();
-        let (back, mut handler) = UnixStream::pair().unwrap();
-        spawn(front, back, "t".into()).unwrap();
+        let p = port("");
+        let (mut qemu, mut handler) = relay(p.clone());
+
+        // REPLY_ACK acked (the handler sees the masked value).
+        send(
+            &qemu,
+            &msg(
+                req::SET_PROTOCOL_FEATURES,
+                FLAG_VERSION,
+                &(REPLY_ACK | 1 << 15).to_le_bytes(),
+                vec![],
+            ),
+        )
+        .unwrap();
+        let got = recv_reply(&mut handler).unwrap().unwrap();
+        assert_eq!(got.payload, REPLY_ACK.to_le_bytes());
 
         // Early enable with NEED_REPLY: answered by the relay, not forwarded yet.
-        qemu.write_all(&msg(
-            SET_VRING_ENABLE,
-            FLAG_VERSION | FLAG_NEED_REPLY,
-            &[1, 0, 0, 0, 1, 0, 0, 0],
-        ))
+        qemu.write_all(
+            &[
+                &msg(
+                    req::SET_VRING_ENABLE,
+                    FLAG_VERSION | 0x8,
+                    &pair(1, 1),
+                    vec![],
+                )
+                .hdr
+                .bytes()[..],
+                &pair(1, 1),
+            ]
+            .concat(),
+        )
         .unwrap();
         let mut reply = [0u8; 20];
         qemu.read_exact(&mut reply).unwrap();
@@ -197,46 +390,200 @@ mod tests {
         );
         assert_eq!(&reply[12..], &[0; 8]);
 
-        // A message with a descriptor arrives whole, fd included.
-        let (a, b) = UnixStream::pair().unwrap();
-        let m = Msg {
-            hdr: msg(12, FLAG_VERSION, &[1, 2, 3, 4, 5, 6, 7, 8])[..HDR]
-                .try_into()
-                .unwrap(),
-            payload: vec![1, 2, 3, 4, 5, 6, 7, 8],
-            fds: vec![OwnedFd::from(a)],
-        };
-        send(&qemu, &m).unwrap();
-        let got = recv(&mut handler).unwrap().unwrap();
+        // A call eventfd arrives whole, made non-blocking.
+        let e = eventfd();
+        let mine = e.try_clone().unwrap();
+        send(
+            &qemu,
+            &msg(
+                req::SET_VRING_CALL,
+                FLAG_VERSION,
+                &1u64.to_le_bytes(),
+                vec![e],
+            ),
+        )
+        .unwrap();
+        let got = recv_reply(&mut handler).unwrap().unwrap();
         assert_eq!(
-            (got.request(), got.payload.clone(), got.fds.len()),
-            (12, m.payload.clone(), 1)
+            (got.hdr.request, got.payload.clone(), got.fds.len()),
+            (req::SET_VRING_CALL, 1u64.to_le_bytes().to_vec(), 1)
         );
-        let mut peer = UnixStream::from(got.fds.into_iter().next().unwrap());
-        peer.write_all(b"x").unwrap();
-        let mut one = [0u8; 1];
-        (&b).read_exact(&mut one).unwrap();
+        assert!(is_nonblocking(got.fds[0].as_fd()).unwrap());
+        File::from(mine).write_all(&5u64.to_le_bytes()).unwrap();
+        let mut count = [0u8; 8];
+        File::from(got.fds.into_iter().next().unwrap())
+            .read_exact(&mut count)
+            .unwrap();
+        assert_eq!(u64::from_le_bytes(count), 5);
 
         // SET_FEATURES is followed by the replayed enable; later enables go through.
-        qemu.write_all(&msg(SET_FEATURES, FLAG_VERSION, &[0; 8]))
-            .unwrap();
-        qemu.write_all(&msg(SET_VRING_ENABLE, FLAG_VERSION, &[0; 8]))
-            .unwrap();
-        assert_eq!(recv(&mut handler).unwrap().unwrap().request(), SET_FEATURES);
-        let replayed = recv(&mut handler).unwrap().unwrap();
+        send(
+            &qemu,
+            &msg(req::SET_FEATURES, FLAG_VERSION, &[0; 8], vec![]),
+        )
+        .unwrap();
+        send(
+            &qemu,
+            &msg(req::SET_VRING_ENABLE, FLAG_VERSION, &[0; 8], vec![]),
+        )
+        .unwrap();
         assert_eq!(
-            (replayed.request(), replayed.flags()),
-            (SET_VRING_ENABLE, FLAG_VERSION)
+            recv_reply(&mut handler).unwrap().unwrap().hdr.request,
+            req::SET_FEATURES
         );
-        assert_eq!(replayed.payload, vec![1, 0, 0, 0, 1, 0, 0, 0]);
-        assert_eq!(recv(&mut handler).unwrap().unwrap().payload, vec![0; 8]);
-        handler
-            .write_all(&msg(1, FLAG_VERSION | FLAG_REPLY, &[9; 8]))
-            .unwrap();
-        assert_eq!(recv(&mut qemu).unwrap().unwrap().payload, vec![9; 8]);
+        let replayed = recv_reply(&mut handler).unwrap().unwrap();
+        assert_eq!(
+            (replayed.hdr.request, replayed.hdr.flags),
+            (req::SET_VRING_ENABLE, FLAG_VERSION)
+        );
+        assert_eq!(replayed.payload, pair(1, 1));
+        assert_eq!(
+            recv_reply(&mut handler).unwrap().unwrap().payload,
+            vec![0; 8]
+        );
+        send(
+            &handler,
+            &msg(1, FLAG_VERSION | FLAG_REPLY, &[9; 8], vec![]),
+        )
+        .unwrap();
+        assert_eq!(recv_reply(&mut qemu).unwrap().unwrap().payload, vec![9; 8]);
 
         // Closing one side closes the other.
         drop(handler);
-        assert!(recv(&mut qemu).unwrap().is_none());
+        assert!(recv_reply(&mut qemu).unwrap().is_none());
+        assert_eq!(p.stats.snapshot().drops.len(), 0);
+    }
+
+    /// Sends `m` on a fresh relay; the relay must close the connection, forward nothing
+    /// and count `reason`.
+    fn refused(opts: &str, m: Msg, reason: DropReason) {
+        let p = port(opts);
+        let (mut qemu, mut handler) = relay(p.clone());
+        let r = msg(
+            req::SET_PROTOCOL_FEATURES,
+            FLAG_VERSION,
+            &3u64.to_le_bytes(),
+            vec![],
+        );
+        send(&qemu, &r).unwrap();
+        assert_eq!(
+            recv_reply(&mut handler).unwrap().unwrap().hdr.request,
+            req::SET_PROTOCOL_FEATURES
+        );
+        let _ = send(&qemu, &m);
+        assert!(closed(&mut qemu), "{reason}: still open");
+        assert!(
+            recv_reply(&mut handler).unwrap().is_none(),
+            "{reason}: forwarded"
+        );
+        assert_eq!(p.stats.drops(reason), 1, "{reason}");
+    }
+
+    #[test]
+    fn refused_messages_end_the_connection_and_are_counted() {
+        use DropReason::*;
+        refused(
+            "",
+            msg(
+                req::ADD_MEM_REG,
+                FLAG_VERSION,
+                &[0; 40],
+                vec![memfd(4096, true)],
+            ),
+            FrontendRequestRefused,
+        );
+        refused(
+            "",
+            msg(99, FLAG_VERSION, &[], vec![]),
+            FrontendRequestRefused,
+        );
+        refused(
+            "",
+            msg(req::GET_FEATURES, FLAG_VERSION | FLAG_REPLY, &[], vec![]),
+            FrontendRequestRefused,
+        );
+        refused(
+            "",
+            msg(req::SET_VRING_ENABLE, FLAG_VERSION, &[1, 0, 0, 0], vec![]),
+            FrontendBadPayload,
+        );
+        refused(
+            "",
+            msg(req::SET_VRING_ENABLE, FLAG_VERSION, &pair(2, 1), vec![]),
+            FrontendBadPayload,
+        );
+        refused(
+            "",
+            msg(req::GET_FEATURES, FLAG_VERSION, &[0; 100], vec![]),
+            FrontendBadPayload,
+        );
+        refused(
+            "",
+            msg(req::GET_FEATURES, FLAG_VERSION, &[], vec![eventfd()]),
+            FrontendBadFds,
+        );
+        let nine: Vec<OwnedFd> = (0..MAX_FDS + 1).map(|_| eventfd()).collect();
+        refused(
+            "",
+            msg(req::SET_OWNER, FLAG_VERSION, &[], nine),
+            FrontendBadFds,
+        );
+        let (a, _b) = UnixStream::pair().unwrap();
+        refused(
+            "",
+            msg(
+                req::SET_VRING_KICK,
+                FLAG_VERSION,
+                &0u64.to_le_bytes(),
+                vec![a.into()],
+            ),
+            FrontendNotEventfd,
+        );
+    }
+
+    fn table(size: u64) -> Vec<u8> {
+        let mut p = pair(1, 0);
+        for v in [0u64, size, 0x7000_0000_0000, 0] {
+            p.extend_from_slice(&v.to_le_bytes());
+        }
+        p
+    }
+
+    #[test]
+    fn memory_files_must_cover_their_regions_and_be_sealed() {
+        use DropReason::*;
+        let t = |size| msg(req::SET_MEM_TABLE, FLAG_VERSION, &table(size), vec![]);
+        let with = |mut m: Msg, f: OwnedFd| {
+            m.fds.push(f);
+            m
+        };
+        refused(
+            "",
+            with(t(2 << 20), memfd(1 << 20, true)),
+            FrontendBadMemory,
+        );
+        refused(
+            "",
+            with(t(1 << 20), memfd(1 << 20, false)),
+            FrontendUnsealedMemory,
+        );
+        refused(
+            ",allow_unsealed_memory=on",
+            with(t(2 << 20), memfd(1 << 20, false)),
+            FrontendBadMemory,
+        );
+        let (a, _b) = UnixStream::pair().unwrap();
+        refused("", with(t(4096), a.into()), FrontendBadMemory);
+
+        for (opts, seal) in [("", true), (",allow_unsealed_memory=on", false)] {
+            let (qemu, mut handler) = relay(port(opts));
+            send(&qemu, &with(t(1 << 20), memfd(1 << 20, seal))).unwrap();
+            let got = recv_reply(&mut handler).unwrap().unwrap();
+            assert_eq!(
+                (got.hdr.request, got.fds.len()),
+                (req::SET_MEM_TABLE, 1),
+                "{opts}"
+            );
+        }
     }
 }

@@ -1,0 +1,791 @@
+//! The vhost-user control-plane firewall: which requests a frontend may send, with what
+//! payload and how many descriptors, given what gsonet offered it. Pure checks on the
+//! header, the payload and the descriptor count, made once per message by the relay,
+//! which then asks `sys::fd` whether the descriptors are what `FdCheck` says.
+//!
+//! A frontend is not trusted: anything outside what was offered is refused, and the
+//! relay ends that frontend's connection (the port then waits for the next one).
+
+use crate::stats::DropReason;
+
+pub const HDR: usize = 12;
+pub const FLAG_VERSION: u32 = 0x1;
+pub const FLAG_REPLY: u32 = 0x4;
+pub const FLAG_NEED_REPLY: u32 = 0x8;
+/// Version (bits 0-1), REPLY and NEED_REPLY; the other bits are reserved.
+const FLAGS_KNOWN: u32 = 0xf;
+
+/// Request numbers (vhost-user spec, "Front-end message types").
+pub mod req {
+    pub const GET_FEATURES: u32 = 1;
+    pub const SET_FEATURES: u32 = 2;
+    pub const SET_OWNER: u32 = 3;
+    pub const RESET_OWNER: u32 = 4;
+    pub const SET_MEM_TABLE: u32 = 5;
+    pub const SET_VRING_NUM: u32 = 8;
+    pub const SET_VRING_ADDR: u32 = 9;
+    pub const SET_VRING_BASE: u32 = 10;
+    pub const GET_VRING_BASE: u32 = 11;
+    pub const SET_VRING_KICK: u32 = 12;
+    pub const SET_VRING_CALL: u32 = 13;
+    pub const SET_VRING_ERR: u32 = 14;
+    pub const GET_PROTOCOL_FEATURES: u32 = 15;
+    pub const SET_PROTOCOL_FEATURES: u32 = 16;
+    pub const GET_QUEUE_NUM: u32 = 17;
+    pub const SET_VRING_ENABLE: u32 = 18;
+    pub const GET_MAX_MEM_SLOTS: u32 = 36;
+    pub const ADD_MEM_REG: u32 = 37;
+    pub const REM_MEM_REG: u32 = 38;
+}
+
+/// Protocol feature bits the rules below depend on.
+pub mod proto {
+    pub const MQ: u64 = 1 << 0;
+    pub const REPLY_ACK: u64 = 1 << 3;
+    pub const CONFIGURE_MEM_SLOTS: u64 = 1 << 15;
+}
+
+/// Regions one SET_MEM_TABLE may carry: VHOST_MEMORY_BASELINE_NREGIONS, the most QEMU
+/// and DPDK send without CONFIGURE_MEM_SLOTS.
+pub const MAX_TABLE_REGIONS: usize = 8;
+/// Regions mapped at once through ADD_MEM_REG. gsonet does not offer
+/// CONFIGURE_MEM_SLOTS; were it offered, this would still be the bound.
+pub const MAX_MEM_SLOTS: usize = 32;
+/// struct vhost_user_memory_region: guest address, size, user address, mmap offset.
+const REGION: usize = 32;
+/// The largest payload of any request a frontend may send (a full SET_MEM_TABLE).
+pub const MAX_PAYLOAD: usize = 8 + MAX_TABLE_REGIONS * REGION;
+/// Most descriptors one message may carry (one per table region).
+pub const MAX_FDS: usize = MAX_TABLE_REGIONS;
+/// SET_VRING_KICK/CALL/ERR: bits 0-7 the ring, bit 8 "no descriptor" (polling).
+const VRING_INDEX: u64 = 0xff;
+const VRING_NOFD: u64 = 0x100;
+
+/// A message header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub request: u32,
+    pub flags: u32,
+    /// Payload bytes that follow.
+    pub size: u32,
+}
+
+impl Header {
+    pub fn parse(b: &[u8; HDR]) -> Header {
+        let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Header {
+            request: word(0),
+            flags: word(4),
+            size: word(8),
+        }
+    }
+
+    pub fn bytes(&self) -> [u8; HDR] {
+        let mut b = [0u8; HDR];
+        b[..4].copy_from_slice(&self.request.to_le_bytes());
+        b[4..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..].copy_from_slice(&self.size.to_le_bytes());
+        b
+    }
+
+    pub fn need_reply(&self) -> bool {
+        self.flags & FLAG_NEED_REPLY != 0
+    }
+}
+
+/// Why a message was refused: the port counter it goes to and a line for the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: DropReason,
+    pub why: String,
+}
+
+impl Refusal {
+    pub fn new(reason: DropReason, why: impl Into<String>) -> Refusal {
+        Refusal {
+            reason,
+            why: why.into(),
+        }
+    }
+}
+
+fn not_permitted(why: impl Into<String>) -> Refusal {
+    Refusal::new(DropReason::FrontendRequestRefused, why)
+}
+
+fn bad_payload(why: impl Into<String>) -> Refusal {
+    Refusal::new(DropReason::FrontendBadPayload, why)
+}
+
+fn bad_fds(why: impl Into<String>) -> Refusal {
+    Refusal::new(DropReason::FrontendBadFds, why)
+}
+
+/// What gsonet offers a frontend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Virtqueues of the port (two per queue pair): every ring index is below it.
+    pub queues: u32,
+    /// The protocol features GET_PROTOCOL_FEATURES answers.
+    pub protocol_features: u64,
+}
+
+/// Where a memory region's mapping lies in its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub offset: u64,
+    pub size: u64,
+}
+
+impl Region {
+    /// The file size the mapping needs (offset + size, checked not to overflow).
+    pub fn end(&self) -> u64 {
+        self.offset.saturating_add(self.size)
+    }
+}
+
+/// What the descriptors of an admitted message must be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FdCheck {
+    /// It carries none.
+    None,
+    /// A kick, call or error eventfd (or none, when the frontend asks for polling).
+    Eventfd,
+    /// One file per region, in order, each reaching at least to its region's end.
+    Memory(Vec<Region>),
+}
+
+/// What the relay does with an admitted message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Pass it on, once its descriptors pass the check.
+    Forward(FdCheck),
+    /// A SET_VRING_ENABLE before SET_FEATURES, which the vhost crate would take for a
+    /// protocol error: the relay answers it (if asked) and replays the last state of
+    /// each ring after SET_FEATURES (`early`).
+    Early,
+}
+
+#[derive(Clone, Copy)]
+enum Size {
+    Exact(usize),
+    /// SET_MEM_TABLE: 8 bytes, then 1 to MAX_TABLE_REGIONS regions.
+    Table,
+}
+
+#[derive(Clone, Copy)]
+enum Fds {
+    None,
+    /// SET_VRING_KICK/CALL/ERR: one, unless the payload says none.
+    Vring,
+    /// One per region of the table.
+    PerRegion,
+    One,
+}
+
+#[derive(Clone, Copy)]
+struct Rule {
+    size: Size,
+    fds: Fds,
+    /// The protocol feature that must have been acked (0: none).
+    needs: u64,
+}
+
+/// The requests a frontend may send and their shape; every other request is refused.
+fn rule(request: u32) -> Option<Rule> {
+    let r = |size, fds, needs| Some(Rule { size, fds, needs });
+    use Fds as F;
+    use Size::Exact as E;
+    match request {
+        req::GET_FEATURES | req::SET_OWNER | req::RESET_OWNER | req::GET_PROTOCOL_FEATURES => {
+            r(E(0), F::None, 0)
+        }
+        req::SET_FEATURES | req::SET_PROTOCOL_FEATURES => r(E(8), F::None, 0),
+        req::GET_QUEUE_NUM => r(E(0), F::None, proto::MQ),
+        req::SET_MEM_TABLE => r(Size::Table, F::PerRegion, 0),
+        // struct vhost_vring_state: index, num.
+        req::SET_VRING_NUM | req::SET_VRING_BASE | req::GET_VRING_BASE | req::SET_VRING_ENABLE => {
+            r(E(8), F::None, 0)
+        }
+        // struct vhost_vring_addr: index, flags, desc, used, avail, log.
+        req::SET_VRING_ADDR => r(E(40), F::None, 0),
+        req::SET_VRING_KICK | req::SET_VRING_CALL | req::SET_VRING_ERR => r(E(8), F::Vring, 0),
+        req::GET_MAX_MEM_SLOTS => r(E(0), F::None, proto::CONFIGURE_MEM_SLOTS),
+        // Padding, then one region.
+        req::ADD_MEM_REG => r(E(8 + REGION), F::One, proto::CONFIGURE_MEM_SLOTS),
+        req::REM_MEM_REG => r(E(8 + REGION), F::None, proto::CONFIGURE_MEM_SLOTS),
+        _ => None,
+    }
+}
+
+fn u32_at(p: &[u8], i: usize) -> u32 {
+    p.get(i..i + 4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .unwrap_or(0)
+}
+
+fn u64_at(p: &[u8], i: usize) -> u64 {
+    p.get(i..i + 8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .unwrap_or(0)
+}
+
+/// The state of one frontend's connection, as far as the rules need it.
+pub struct Firewall {
+    policy: Policy,
+    acked_protocol: u64,
+    features_set: bool,
+    /// The last state an early SET_VRING_ENABLE asked for, per ring (one entry per queue
+    /// the port has, however many indexes a frontend tries).
+    early: Vec<Option<u32>>,
+    /// Regions mapped now (SET_MEM_TABLE sets the count, ADD/REM_MEM_REG move it).
+    regions: usize,
+}
+
+impl Firewall {
+    pub fn new(policy: Policy) -> Firewall {
+        Firewall {
+            policy,
+            acked_protocol: 0,
+            features_set: false,
+            early: vec![None; policy.queues as usize],
+            regions: 0,
+        }
+    }
+
+    /// The protocol features in force: what the frontend acked of what was offered.
+    pub fn acked_protocol(&self) -> u64 {
+        self.acked_protocol
+    }
+
+    /// Whether the frontend negotiated REPLY_ACK (so NEED_REPLY gets an answer).
+    pub fn reply_ack(&self) -> bool {
+        self.acked_protocol & proto::REPLY_ACK != 0
+    }
+
+    /// The early SET_VRING_ENABLE states to replay after SET_FEATURES: (ring, state).
+    pub fn early(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.early
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.map(|s| (i as u32, s)))
+    }
+
+    /// Checks a header before its payload is read: flags, a request that was offered,
+    /// and a size that request can have (so no more than MAX_PAYLOAD is ever read).
+    pub fn header(&self, h: &Header) -> Result<(), Refusal> {
+        self.rule(h).map(|_| ())
+    }
+
+    fn rule(&self, h: &Header) -> Result<Rule, Refusal> {
+        if h.flags & !FLAGS_KNOWN != 0 || h.flags & 0x3 != FLAG_VERSION {
+            return Err(not_permitted(format!("header flags {:#x}", h.flags)));
+        }
+        if h.flags & FLAG_REPLY != 0 {
+            return Err(not_permitted("a reply where a request belongs"));
+        }
+        let rule =
+            rule(h.request).ok_or_else(|| not_permitted(format!("request {}", h.request)))?;
+        if rule.needs & !self.acked_protocol != 0 {
+            return Err(not_permitted(format!(
+                "request {} needs protocol feature {:#x}, which was not negotiated",
+                h.request, rule.needs
+            )));
+        }
+        let size = h.size as usize;
+        let fits = match rule.size {
+            Size::Exact(n) => size == n,
+            Size::Table => {
+                size > 8
+                    && (size - 8).is_multiple_of(REGION)
+                    && (size - 8) / REGION <= MAX_TABLE_REGIONS
+            }
+        };
+        if !fits {
+            return Err(bad_payload(format!(
+                "request {} with a {size}-byte payload",
+                h.request
+            )));
+        }
+        Ok(rule)
+    }
+
+    /// Checks a whole message (header again, payload fields, descriptor count) and
+    /// updates the connection state. May rewrite the payload: SET_PROTOCOL_FEATURES
+    /// goes on with only the offered features left.
+    pub fn admit(
+        &mut self,
+        h: &Header,
+        payload: &mut [u8],
+        fds: usize,
+    ) -> Result<Verdict, Refusal> {
+        let rule = self.rule(h)?;
+        if payload.len() != h.size as usize {
+            return Err(bad_payload(format!(
+                "request {}: {} payload bytes, header says {}",
+                h.request,
+                payload.len(),
+                h.size
+            )));
+        }
+        let ring = |i: u32| -> Result<u32, Refusal> {
+            if i < self.policy.queues {
+                Ok(i)
+            } else {
+                Err(bad_payload(format!(
+                    "request {} for ring {i}; the port has {}",
+                    h.request, self.policy.queues
+                )))
+            }
+        };
+        let mut check = FdCheck::None;
+        let mut expect_fds = match rule.fds {
+            Fds::None => 0,
+            Fds::One | Fds::Vring => 1,
+            Fds::PerRegion => 0,
+        };
+        let mut verdict_early = false;
+        match h.request {
+            req::SET_FEATURES => self.features_set = true,
+            req::SET_PROTOCOL_FEATURES => {
+                let masked = u64_at(payload, 0) & self.policy.protocol_features;
+                payload.copy_from_slice(&masked.to_le_bytes());
+                self.acked_protocol = masked;
+            }
+            req::SET_VRING_NUM
+            | req::SET_VRING_BASE
+            | req::GET_VRING_BASE
+            | req::SET_VRING_ADDR => {
+                ring(u32_at(payload, 0))?;
+            }
+            req::SET_VRING_ENABLE => {
+                let i = ring(u32_at(payload, 0))?;
+                let state = u32_at(payload, 4);
+                if state > 1 {
+                    return Err(bad_payload(format!("ring {i} enable state {state}")));
+                }
+                if !self.features_set {
+                    self.early[i as usize] = Some(state);
+                    verdict_early = true;
+                }
+            }
+            req::SET_VRING_KICK | req::SET_VRING_CALL | req::SET_VRING_ERR => {
+                let v = u64_at(payload, 0);
+                if v & !(VRING_INDEX | VRING_NOFD) != 0 {
+                    return Err(bad_payload(format!("request {} value {v:#x}", h.request)));
+                }
+                ring((v & VRING_INDEX) as u32)?;
+                if v & VRING_NOFD != 0 {
+                    expect_fds = 0;
+                }
+                check = FdCheck::Eventfd;
+            }
+            req::SET_MEM_TABLE => {
+                let n = u32_at(payload, 0) as usize;
+                if n != (payload.len() - 8) / REGION || u32_at(payload, 4) != 0 {
+                    return Err(bad_payload(format!(
+                        "a memory table announcing {n} regions in {} bytes",
+                        payload.len()
+                    )));
+                }
+                let regions = (0..n)
+                    .map(|k| region(&payload[8 + k * REGION..8 + (k + 1) * REGION]))
+                    .collect::<Result<Vec<_>, _>>()?;
+                expect_fds = n;
+                self.regions = n;
+                check = FdCheck::Memory(regions);
+            }
+            req::ADD_MEM_REG => {
+                if self.regions >= MAX_MEM_SLOTS {
+                    return Err(bad_payload(format!(
+                        "a memory region beyond the {MAX_MEM_SLOTS} a frontend may map"
+                    )));
+                }
+                let r = region(&payload[8..])?;
+                self.regions += 1;
+                check = FdCheck::Memory(vec![r]);
+            }
+            req::REM_MEM_REG => self.regions = self.regions.saturating_sub(1),
+            _ => {}
+        }
+        if fds != expect_fds {
+            return Err(bad_fds(format!(
+                "request {} with {fds} descriptors; it takes {expect_fds}",
+                h.request
+            )));
+        }
+        Ok(if verdict_early {
+            Verdict::Early
+        } else {
+            Verdict::Forward(check)
+        })
+    }
+}
+
+/// One struct vhost_user_memory_region: no empty region, no address that wraps.
+fn region(b: &[u8]) -> Result<Region, Refusal> {
+    let (gpa, size, uaddr, offset) = (u64_at(b, 0), u64_at(b, 8), u64_at(b, 16), u64_at(b, 24));
+    let wraps = |a: u64| a.checked_add(size).is_none();
+    if size == 0 || wraps(gpa) || wraps(uaddr) || wraps(offset) {
+        return Err(bad_payload(format!(
+            "memory region of {size:#x} bytes at guest {gpa:#x}, user {uaddr:#x}, offset {offset:#x}"
+        )));
+    }
+    Ok(Region { offset, size })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICY: Policy = Policy {
+        queues: 2,
+        protocol_features: proto::MQ | proto::REPLY_ACK,
+    };
+
+    fn h(request: u32, size: usize) -> Header {
+        Header {
+            request,
+            flags: FLAG_VERSION,
+            size: size as u32,
+        }
+    }
+
+    fn admit(
+        fw: &mut Firewall,
+        request: u32,
+        mut p: Vec<u8>,
+        fds: usize,
+    ) -> Result<Verdict, DropReason> {
+        fw.admit(&h(request, p.len()), &mut p, fds)
+            .map_err(|r| r.reason)
+    }
+
+    fn pair(a: u32, b: u32) -> Vec<u8> {
+        [a.to_le_bytes(), b.to_le_bytes()].concat()
+    }
+
+    fn table(regions: &[[u64; 4]]) -> Vec<u8> {
+        let mut p = pair(regions.len() as u32, 0);
+        for r in regions {
+            p.extend(r.iter().flat_map(|v| v.to_le_bytes()));
+        }
+        p
+    }
+
+    const FWD: Result<Verdict, DropReason> = Ok(Verdict::Forward(FdCheck::None));
+
+    #[test]
+    fn header_round_trip_and_flags() {
+        let hd = Header {
+            request: 18,
+            flags: FLAG_VERSION | FLAG_NEED_REPLY,
+            size: 8,
+        };
+        assert_eq!(Header::parse(&hd.bytes()), hd);
+        assert!(hd.need_reply());
+        let fw = Firewall::new(POLICY);
+        assert_eq!(fw.header(&hd), Ok(()));
+        for flags in [
+            0,
+            0x2,
+            FLAG_VERSION | FLAG_REPLY,
+            FLAG_VERSION | 0x10,
+            0x8000_0001,
+        ] {
+            let r = fw.header(&Header { flags, ..hd }).unwrap_err();
+            assert_eq!(r.reason, DropReason::FrontendRequestRefused, "{flags:#x}");
+        }
+    }
+
+    #[test]
+    fn only_offered_requests_pass() {
+        let mut fw = Firewall::new(POLICY);
+        for unknown in [
+            0,
+            6,
+            7,
+            19,
+            20,
+            21,
+            22,
+            24,
+            25,
+            31,
+            32,
+            34,
+            35,
+            39,
+            44,
+            45,
+            u32::MAX,
+        ] {
+            assert_eq!(
+                fw.header(&h(unknown, 0)).unwrap_err().reason,
+                DropReason::FrontendRequestRefused,
+                "request {unknown}"
+            );
+        }
+        // Requests of a protocol feature need it acked; acking one never offered does
+        // not count: the ack is masked to the offer, and the masked value goes on.
+        let mut ack = (proto::MQ | proto::REPLY_ACK | proto::CONFIGURE_MEM_SLOTS | 1 << 13)
+            .to_le_bytes()
+            .to_vec();
+        assert_eq!(
+            fw.header(&h(req::GET_QUEUE_NUM, 0)).unwrap_err().reason,
+            DropReason::FrontendRequestRefused
+        );
+        assert_eq!(
+            fw.admit(&h(req::SET_PROTOCOL_FEATURES, 8), &mut ack, 0),
+            Ok(Verdict::Forward(FdCheck::None))
+        );
+        assert_eq!(
+            u64::from_le_bytes(ack[..8].try_into().unwrap()),
+            proto::MQ | proto::REPLY_ACK
+        );
+        assert_eq!(fw.acked_protocol(), proto::MQ | proto::REPLY_ACK);
+        assert!(fw.reply_ack());
+        assert_eq!(fw.header(&h(req::GET_QUEUE_NUM, 0)), Ok(()));
+        for mem_slots in [req::GET_MAX_MEM_SLOTS, req::ADD_MEM_REG, req::REM_MEM_REG] {
+            assert_eq!(
+                admit(&mut fw, mem_slots, vec![0; 40], 1),
+                Err(DropReason::FrontendRequestRefused)
+            );
+        }
+    }
+
+    #[test]
+    fn every_payload_has_its_request_size() {
+        let fw = Firewall::new(POLICY);
+        let cases: &[(u32, &[usize])] = &[
+            (req::GET_FEATURES, &[0]),
+            (req::SET_OWNER, &[0]),
+            (req::SET_FEATURES, &[8]),
+            (req::SET_PROTOCOL_FEATURES, &[8]),
+            (req::SET_VRING_NUM, &[8]),
+            (req::SET_VRING_ENABLE, &[8]),
+            (req::SET_VRING_ADDR, &[40]),
+            (req::SET_VRING_CALL, &[8]),
+            (req::SET_MEM_TABLE, &[40, 72, 8 + 32 * MAX_TABLE_REGIONS]),
+        ];
+        for &(request, good) in cases {
+            for size in [0, 1, 4, 7, 8, 9, 16, 40, 41, 72, 264, 296, 4096, 1 << 31] {
+                let r = fw.header(&h(request, size));
+                if good.contains(&size) {
+                    assert_eq!(r, Ok(()), "request {request}, {size} bytes");
+                } else {
+                    assert_eq!(
+                        r.unwrap_err().reason,
+                        DropReason::FrontendBadPayload,
+                        "request {request}, {size} bytes"
+                    );
+                }
+            }
+        }
+        const { assert!(MAX_PAYLOAD >= 8 + 32 * MAX_TABLE_REGIONS) };
+        // The payload must be what the header said.
+        let mut fw = Firewall::new(POLICY);
+        let r = fw.admit(&h(req::SET_FEATURES, 8), &mut [0u8; 4], 0);
+        assert_eq!(r.unwrap_err().reason, DropReason::FrontendBadPayload);
+    }
+
+    #[test]
+    fn ring_indexes_are_below_the_port_queues() {
+        let mut fw = Firewall::new(POLICY);
+        for request in [req::SET_VRING_NUM, req::SET_VRING_BASE, req::GET_VRING_BASE] {
+            assert_eq!(admit(&mut fw, request, pair(1, 256), 0), FWD);
+            assert_eq!(
+                admit(&mut fw, request, pair(2, 256), 0),
+                Err(DropReason::FrontendBadPayload)
+            );
+        }
+        let mut addr = pair(1, 0);
+        addr.extend([0u8; 32]);
+        assert_eq!(admit(&mut fw, req::SET_VRING_ADDR, addr.clone(), 0), FWD);
+        addr[0] = 7;
+        assert_eq!(
+            admit(&mut fw, req::SET_VRING_ADDR, addr, 0),
+            Err(DropReason::FrontendBadPayload)
+        );
+        let call = |v: u64| v.to_le_bytes().to_vec();
+        let ev = Ok(Verdict::Forward(FdCheck::Eventfd));
+        assert_eq!(admit(&mut fw, req::SET_VRING_CALL, call(1), 1), ev);
+        assert_eq!(
+            admit(&mut fw, req::SET_VRING_KICK, call(1 | VRING_NOFD), 0),
+            ev
+        );
+        for bad in [2, 0xff, 1 << 9 | 1, 1 << 40] {
+            assert_eq!(
+                admit(&mut fw, req::SET_VRING_ERR, call(bad), 1),
+                Err(DropReason::FrontendBadPayload),
+                "{bad:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn early_enables_are_kept_per_ring_and_bounded() {
+        let mut fw = Firewall::new(POLICY);
+        assert_eq!(
+            admit(&mut fw, req::SET_VRING_ENABLE, pair(1, 1), 0),
+            Ok(Verdict::Early)
+        );
+        assert_eq!(
+            admit(&mut fw, req::SET_VRING_ENABLE, pair(0, 0), 0),
+            Ok(Verdict::Early)
+        );
+        assert_eq!(
+            admit(&mut fw, req::SET_VRING_ENABLE, pair(0, 1), 0),
+            Ok(Verdict::Early)
+        );
+        for bad in [pair(2, 1), pair(u32::MAX, 1), pair(0, 2)] {
+            assert_eq!(
+                admit(&mut fw, req::SET_VRING_ENABLE, bad, 0),
+                Err(DropReason::FrontendBadPayload)
+            );
+        }
+        assert_eq!(fw.early.len(), 2);
+        assert_eq!(fw.early().collect::<Vec<_>>(), vec![(0, 1), (1, 1)]);
+        assert_eq!(admit(&mut fw, req::SET_FEATURES, vec![0; 8], 0), FWD);
+        assert_eq!(admit(&mut fw, req::SET_VRING_ENABLE, pair(1, 0), 0), FWD);
+        assert_eq!(fw.early().collect::<Vec<_>>(), vec![(0, 1), (1, 1)]);
+    }
+
+    #[test]
+    fn descriptors_only_where_a_request_takes_them() {
+        let mut fw = Firewall::new(POLICY);
+        for (request, p) in [
+            (req::GET_FEATURES, vec![]),
+            (req::SET_OWNER, vec![]),
+            (req::SET_FEATURES, vec![0; 8]),
+            (req::SET_VRING_NUM, pair(0, 256)),
+        ] {
+            assert_eq!(
+                admit(&mut fw, request, p, 1),
+                Err(DropReason::FrontendBadFds),
+                "request {request}"
+            );
+        }
+        assert_eq!(
+            admit(&mut fw, req::SET_VRING_ENABLE, pair(0, 1), 1),
+            Err(DropReason::FrontendBadFds)
+        );
+        let call = |v: u64| v.to_le_bytes().to_vec();
+        assert_eq!(
+            admit(&mut fw, req::SET_VRING_CALL, call(0), 0),
+            Err(DropReason::FrontendBadFds)
+        );
+        assert_eq!(
+            admit(&mut fw, req::SET_VRING_CALL, call(0), 2),
+            Err(DropReason::FrontendBadFds)
+        );
+        assert_eq!(
+            admit(&mut fw, req::SET_VRING_KICK, call(VRING_NOFD), 1),
+            Err(DropReason::FrontendBadFds)
+        );
+        let t = table(&[
+            [0, 1 << 20, 0x7000_0000_0000, 0],
+            [1 << 32, 1 << 20, 0x7100_0000_0000, 1 << 20],
+        ]);
+        assert_eq!(
+            admit(&mut fw, req::SET_MEM_TABLE, t.clone(), 1),
+            Err(DropReason::FrontendBadFds)
+        );
+        assert_eq!(
+            admit(&mut fw, req::SET_MEM_TABLE, t.clone(), 3),
+            Err(DropReason::FrontendBadFds)
+        );
+        assert_eq!(
+            admit(&mut fw, req::SET_MEM_TABLE, t, 2),
+            Ok(Verdict::Forward(FdCheck::Memory(vec![
+                Region {
+                    offset: 0,
+                    size: 1 << 20
+                },
+                Region {
+                    offset: 1 << 20,
+                    size: 1 << 20
+                }
+            ])))
+        );
+    }
+
+    #[test]
+    fn memory_tables_are_bounded_and_consistent() {
+        let mut fw = Firewall::new(POLICY);
+        let r = [0u64, 4096, 0x7000_0000_0000, 0];
+        // Announced count against size; padding; empty and wrapping regions.
+        let mut two_in_one = table(&[r]);
+        two_in_one[0] = 2;
+        let mut padded = table(&[r]);
+        padded[4] = 1;
+        for bad in [
+            two_in_one,
+            padded,
+            table(&[[0, 0, 0, 0]]),
+            table(&[[u64::MAX - 10, 4096, 0, 0]]),
+            table(&[[0, 4096, u64::MAX, 0]]),
+            table(&[[0, 4096, 0, u64::MAX - 1]]),
+        ] {
+            assert_eq!(
+                admit(&mut fw, req::SET_MEM_TABLE, bad, 1),
+                Err(DropReason::FrontendBadPayload)
+            );
+        }
+        let nine = table(&[r; MAX_TABLE_REGIONS + 1]);
+        assert_eq!(
+            fw.header(&h(req::SET_MEM_TABLE, nine.len()))
+                .unwrap_err()
+                .reason,
+            DropReason::FrontendBadPayload
+        );
+        assert!(admit(
+            &mut fw,
+            req::SET_MEM_TABLE,
+            table(&[r; MAX_TABLE_REGIONS]),
+            MAX_TABLE_REGIONS
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn added_regions_are_capped_where_mem_slots_are_offered() {
+        let mut fw = Firewall::new(Policy {
+            protocol_features: POLICY.protocol_features | proto::CONFIGURE_MEM_SLOTS,
+            ..POLICY
+        });
+        let mut ack = proto::CONFIGURE_MEM_SLOTS.to_le_bytes().to_vec();
+        fw.admit(&h(req::SET_PROTOCOL_FEATURES, 8), &mut ack, 0)
+            .unwrap();
+        assert_eq!(admit(&mut fw, req::GET_MAX_MEM_SLOTS, vec![], 0), FWD);
+        let add = |i: u64| {
+            let mut p = vec![0u8; 8];
+            p.extend(
+                [i << 30, 4096, i << 30, 0]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes()),
+            );
+            p
+        };
+        for i in 0..MAX_MEM_SLOTS as u64 {
+            assert_eq!(
+                admit(&mut fw, req::ADD_MEM_REG, add(i), 1),
+                Ok(Verdict::Forward(FdCheck::Memory(vec![Region {
+                    offset: 0,
+                    size: 4096
+                }])))
+            );
+        }
+        assert_eq!(
+            admit(&mut fw, req::ADD_MEM_REG, add(99), 1),
+            Err(DropReason::FrontendBadPayload)
+        );
+        assert_eq!(admit(&mut fw, req::REM_MEM_REG, add(0), 0), FWD);
+        assert!(admit(&mut fw, req::ADD_MEM_REG, add(0), 1).is_ok());
+        assert_eq!(
+            admit(&mut fw, req::ADD_MEM_REG, add(1), 0),
+            Err(DropReason::FrontendBadPayload)
+        );
+    }
+}
