@@ -62,6 +62,71 @@ impl std::str::FromStr for GsoMode {
     }
 }
 
+/// A group named in `socket_group=`/`--control-group`: a name, looked up when the
+/// socket is created, or a numeric gid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GroupSpec {
+    Id(u32),
+    Name(String),
+}
+
+impl fmt::Display for GroupSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GroupSpec::Id(g) => write!(f, "{g}"),
+            GroupSpec::Name(n) => f.write_str(n),
+        }
+    }
+}
+
+/// Who may connect to a socket gsonet listens on: its mode bits and its group (unset:
+/// the group gsonet runs as).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SocketAccess {
+    pub mode: u32,
+    pub group: Option<GroupSpec>,
+}
+
+impl SocketAccess {
+    /// A port's socket: owner and group may connect.
+    pub const PORT_MODE: u32 = 0o660;
+    /// The control socket: the owner only.
+    pub const CONTROL_MODE: u32 = 0o600;
+}
+
+/// A socket mode in octal (`0660`, `660` or `0o660`): permission bits only, at most 0777.
+pub fn parse_mode(v: &str) -> Result<u32, String> {
+    let digits = v.strip_prefix("0o").unwrap_or(v);
+    let why =
+        "expected an octal mode such as 0660 (at most 0777; in TOML a string \"0660\" or 0o660)";
+    if digits.is_empty() || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+        return Err(why.into());
+    }
+    u32::from_str_radix(digits, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| why.into())
+}
+
+/// A group: a numeric gid or a group name (looked up when the socket is created).
+pub fn parse_group(v: &str) -> Result<GroupSpec, String> {
+    if v.is_empty() {
+        return Err("expected a group name or a gid".into());
+    }
+    if v.bytes().all(|b| b.is_ascii_digit()) {
+        return v
+            .parse::<u32>()
+            .ok()
+            .filter(|g| *g != u32::MAX)
+            .map(GroupSpec::Id)
+            .ok_or_else(|| "gid out of range".into());
+    }
+    if v.contains(['/', ':', '\0']) || v.chars().any(char::is_whitespace) {
+        return Err("not a group name".into());
+    }
+    Ok(GroupSpec::Name(v.to_string()))
+}
+
 /// One vhost-user port.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PortConfig {
@@ -90,6 +155,8 @@ pub struct PortConfig {
     /// Map guest memory from files not sealed against shrinking (hugetlbfs or
     /// /dev/shm files, DPDK's memfds): the frontend is trusted not to truncate them.
     pub allow_unsealed_memory: bool,
+    /// Mode and group of the socket gsonet listens on (not used in client mode).
+    pub access: SocketAccess,
 }
 
 /// Addresses a port may have learned at once, unless `mac_limit=` says otherwise.
@@ -191,10 +258,11 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
-    /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,tso=off]...`.
+    /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,socket_mode=0660][,socket_group=GROUP]
+    /// [,tso=off]...`.
     pub fn parse(s: &str) -> Result<PortConfig, ConfigError> {
         Self::from_pairs(pairs(s))
     }
@@ -214,9 +282,14 @@ impl PortConfig {
             mac_lock: false,
             mac_limit: PORT_MAC_LIMIT,
             allow_unsealed_memory: false,
+            access: SocketAccess {
+                mode: SocketAccess::PORT_MODE,
+                group: None,
+            },
         };
         let mut trunk = None;
         let mut allowed = None;
+        let mut access_key = None;
         for (k, v) in kv {
             match k.as_str() {
                 "socket" | "path" => c.socket = PathBuf::from(&v),
@@ -237,6 +310,14 @@ impl PortConfig {
                     allowed = Some((v.parse::<VlanSet>().map_err(|e| bad(W, &k, &v, e))?, v))
                 }
                 "allow_unsealed_memory" => c.allow_unsealed_memory = on_off(W, &k, &v)?,
+                "socket_mode" => {
+                    c.access.mode = parse_mode(&v).map_err(|e| bad(W, &k, &v, e))?;
+                    access_key = Some((k, v));
+                }
+                "socket_group" => {
+                    c.access.group = Some(parse_group(&v).map_err(|e| bad(W, &k, &v, e))?);
+                    access_key = Some((k, v));
+                }
                 name if FeatureMask::NAMES.contains(&name) => {
                     let on = on_off(W, &k, &v)?;
                     c.mask.set(name, on);
@@ -293,6 +374,14 @@ impl PortConfig {
                 ))
             }
             _ => {}
+        }
+        if let (true, Some((k, v))) = (c.client, access_key) {
+            return Err(bad(
+                W,
+                &k,
+                &v,
+                "a client port connects to QEMU's socket; set its mode where QEMU creates it",
+            ));
         }
         Ok(c)
     }
@@ -375,17 +464,21 @@ pub struct Config {
     pub ports: Vec<PortConfig>,
     pub uplinks: Vec<UplinkConfig>,
     pub control: PathBuf,
+    /// Mode and group of the control socket (default 0600, gsonet's own group).
+    pub control_access: SocketAccess,
     pub mac_aging_secs: u64,
 }
 
 pub const DEFAULT_CONTROL: &str = "/run/gsonet/control.sock";
 
-/// The TOML file: `control = "..."`, `mac_aging = 300`, `[[port]]` and `[[uplink]]`
-/// tables with the same keys as the command line.
+/// The TOML file: `control = "..."`, `control_mode`, `control_group`, `mac_aging = 300`,
+/// `[[port]]` and `[[uplink]]` tables with the same keys as the command line.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     control: Option<PathBuf>,
+    control_mode: Option<toml::Value>,
+    control_group: Option<toml::Value>,
     mac_aging: Option<u64>,
     #[serde(default)]
     port: Vec<BTreeMap<String, toml::Value>>,
@@ -393,26 +486,52 @@ struct FileConfig {
     uplink: Vec<BTreeMap<String, toml::Value>>,
 }
 
+/// A TOML value as the command line would spell it. A mode written as a TOML integer
+/// (`0o660`) is read back in octal; `660`, a decimal integer, is then out of range.
+fn toml_text(key: &str, v: toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s,
+        toml::Value::Boolean(b) => (if b { "on" } else { "off" }).to_string(),
+        toml::Value::Integer(i) if key.ends_with("_mode") => format!("0o{i:o}"),
+        // A list (allowed_vlans = [10, "20-30"]) as the command line writes it.
+        toml::Value::Array(a) => a
+            .into_iter()
+            .map(|v| match v {
+                toml::Value::String(s) => s,
+                other => other.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(":"),
+        other => other.to_string(),
+    }
+}
+
 fn toml_pairs(t: BTreeMap<String, toml::Value>) -> Vec<(String, String)> {
     t.into_iter()
         .map(|(k, v)| {
-            let s = match v {
-                toml::Value::String(s) => s,
-                toml::Value::Boolean(b) => (if b { "on" } else { "off" }).to_string(),
-                // A list (allowed_vlans = [10, "20-30"]) as the command line writes it.
-                toml::Value::Array(a) => a
-                    .into_iter()
-                    .map(|v| match v {
-                        toml::Value::String(s) => s,
-                        other => other.to_string(),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(":"),
-                other => other.to_string(),
-            };
+            let s = toml_text(&k, v);
             (k, s)
         })
         .collect()
+}
+
+impl SocketAccess {
+    /// Overrides the mode and/or the group, from `control_mode`/`control_group` (file)
+    /// or `--control-mode`/`--control-group` (command line); `what` says which.
+    pub fn with(
+        mut self,
+        what: &'static str,
+        mode: Option<(&str, &str)>,
+        group: Option<(&str, &str)>,
+    ) -> Result<SocketAccess, ConfigError> {
+        if let Some((k, v)) = mode {
+            self.mode = parse_mode(v).map_err(|e| bad(what, k, v, e))?;
+        }
+        if let Some((k, v)) = group {
+            self.group = Some(parse_group(v).map_err(|e| bad(what, k, v, e))?);
+        }
+        Ok(self)
+    }
 }
 
 impl Config {
@@ -446,10 +565,21 @@ impl Config {
             .into_iter()
             .map(|t| UplinkConfig::from_pairs(toml_pairs(t)))
             .collect::<Result<_, _>>()?;
+        let mode = f.control_mode.map(|v| toml_text("control_mode", v));
+        let group = f.control_group.map(|v| toml_text("control_group", v));
         Ok(Config {
             ports,
             uplinks,
             control: f.control.unwrap_or_else(|| DEFAULT_CONTROL.into()),
+            control_access: SocketAccess {
+                mode: SocketAccess::CONTROL_MODE,
+                group: None,
+            }
+            .with(
+                "config file",
+                mode.as_deref().map(|v| ("control_mode", v)),
+                group.as_deref().map(|v| ("control_group", v)),
+            )?,
             mac_aging_secs: f.mac_aging.unwrap_or(300),
         })
     }
@@ -705,6 +835,71 @@ mod tests {
         ));
         let c = Config::from_toml("[[port]]\nsocket='a'\nallow_unsealed_memory=true").unwrap();
         assert!(c.ports[0].allow_unsealed_memory);
+    }
+
+    #[test]
+    fn socket_mode_and_group() {
+        let p = PortConfig::parse("socket=a").unwrap();
+        assert_eq!(
+            p.access,
+            SocketAccess {
+                mode: 0o660,
+                group: None
+            }
+        );
+        let p = PortConfig::parse("socket=a,socket_mode=0640,socket_group=kvm").unwrap();
+        assert_eq!(p.access.mode, 0o640);
+        assert_eq!(p.access.group, Some(GroupSpec::Name("kvm".into())));
+        for (v, m) in [("600", 0o600), ("0o770", 0o770), ("0", 0), ("0777", 0o777)] {
+            let p = PortConfig::parse(&format!("socket=a,socket_mode={v}")).unwrap();
+            assert_eq!(p.access.mode, m, "socket_mode={v}");
+        }
+        let p = PortConfig::parse("socket=a,socket_group=107").unwrap();
+        assert_eq!(p.access.group, Some(GroupSpec::Id(107)));
+        for bad in [
+            "socket_mode=",
+            "socket_mode=0688",
+            "socket_mode=4755",
+            "socket_mode=rw",
+            "socket_mode=-1",
+            "socket_group=",
+            "socket_group=a:b",
+            "socket_group=4294967295",
+            "socket_group=99999999999",
+            "client,socket_mode=0600",
+            "socket_group=kvm,client",
+        ] {
+            assert!(
+                matches!(
+                    PortConfig::parse(&format!("socket=a,{bad}")),
+                    Err(ConfigError::BadValue { .. })
+                ),
+                "{bad}"
+            );
+        }
+        // TOML: a string, or an octal integer; a decimal 660 is not taken for 0660.
+        let c = Config::from_toml(
+            "control_mode = '0660'\ncontrol_group = 'kvm'\n[[port]]\nsocket='a'\nsocket_mode=0o600\nsocket_group=107\n[[port]]\nsocket='b'\nsocket_mode='0640'",
+        )
+        .unwrap();
+        assert_eq!(c.ports[0].access.mode, 0o600);
+        assert_eq!(c.ports[0].access.group, Some(GroupSpec::Id(107)));
+        assert_eq!(c.ports[1].access.mode, 0o640);
+        assert_eq!(c.control_access.mode, 0o660);
+        assert_eq!(c.control_access.group, Some(GroupSpec::Name("kvm".into())));
+        let err = Config::from_toml("[[port]]\nsocket='a'\nsocket_mode=660").unwrap_err();
+        assert!(err.to_string().contains("0660"), "{err}");
+        assert!(Config::from_toml("control_mode = 660").is_err());
+        assert!(Config::from_toml("control_mode = '9'").is_err());
+        assert!(Config::from_toml("control_group = ''").is_err());
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(
+            c.control_access,
+            SocketAccess {
+                mode: 0o600,
+                group: None
+            }
+        );
     }
 
     #[test]

@@ -44,6 +44,7 @@ Logging: RUST_LOG=gsonet=debug")]
     Serve {
         /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mac_lock=on][,mac_limit=N]
         /// [,mtu=N][,max_burst=N][,vlan=N | ,trunk=on,allowed_vlans=LIST]
+        /// [,socket_mode=MODE][,socket_group=GROUP]
         /// and offload switches offloads|csum|guest_csum|tso|ecn|ufo|uso|mrg_rxbuf|event_idx|indirect_desc=on|off.
         /// gsonet listens on PATH (QEMU connects); with `client` it connects to a QEMU started
         /// with server=on. Repeat for more guests.
@@ -63,6 +64,10 @@ Logging: RUST_LOG=gsonet=debug")]
         /// tag, 802.1ad and double tags included, is dropped (tagged_on_untagged_port).
         /// allow_unsealed_memory=on takes guest memory in files not sealed against shrinking
         /// (hugetlbfs or /dev/shm files, DPDK); by default only sealed memfds are mapped.
+        /// socket_mode=MODE (octal, default 0660) and socket_group=GROUP (a name or a gid,
+        /// default gsonet's own) say who may connect to PATH, i.e. become this port's
+        /// frontend; directories gsonet creates for it get 0750 and the same group. Only a
+        /// stale socket at PATH is replaced: a file, symlink or directory there is an error.
         #[arg(long = "port", value_name = "SPEC")]
         ports: Vec<String>,
         /// An uplink: tap=NAME or dev=IFNAME, then [,queues=N][,gso=pass|software][,max_burst=N]
@@ -78,13 +83,21 @@ Logging: RUST_LOG=gsonet=debug")]
         /// gso=software segments them in gsonet first.
         #[arg(long = "uplink", value_name = "SPEC")]
         uplinks: Vec<String>,
-        /// A TOML file with [[port]] and [[uplink]] tables (same keys as above), `control`
-        /// and `mac_aging`; --port/--uplink add to it.
+        /// A TOML file with [[port]] and [[uplink]] tables (same keys as above), `control`,
+        /// `control_mode`, `control_group` and `mac_aging`; --port/--uplink add to it.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
         /// Control socket for `gsonet stats` and `gsonet ctl`.
         #[arg(long, value_name = "PATH")]
         control: Option<PathBuf>,
+        /// Mode of the control socket, in octal (default 0600: only gsonet's user may read
+        /// counters and change settings). Overrides the file's `control_mode`.
+        #[arg(long, value_name = "MODE")]
+        control_mode: Option<String>,
+        /// Group of the control socket (a name or a gid); with --control-mode 0660 its
+        /// members may use `gsonet stats` and `gsonet ctl`. Overrides `control_group`.
+        #[arg(long, value_name = "GROUP")]
+        control_group: Option<String>,
     },
     /// Print the counters of a running gsonet.
     Stats {
@@ -112,12 +125,25 @@ Logging: RUST_LOG=gsonet=debug")]
 /// Exit code for configuration mistakes.
 const EXIT_CONFIG: u8 = 2;
 
-fn serve(
+/// What `gsonet serve` was given.
+struct ServeArgs {
     ports: Vec<String>,
     uplinks: Vec<String>,
     config: Option<PathBuf>,
     control: Option<PathBuf>,
-) -> Result<(), (u8, String)> {
+    control_mode: Option<String>,
+    control_group: Option<String>,
+}
+
+fn serve(args: ServeArgs) -> Result<(), (u8, String)> {
+    let ServeArgs {
+        ports,
+        uplinks,
+        config,
+        control,
+        control_mode,
+        control_group,
+    } = args;
     let cfg_err = |e: gsonet::config::ConfigError| (EXIT_CONFIG, e.to_string());
     let mut cfg = match &config {
         Some(path) => Config::from_file(path).map_err(cfg_err)?,
@@ -132,12 +158,22 @@ fn serve(
     if let Some(c) = control {
         cfg.control = c;
     }
+    cfg.control_access = cfg
+        .control_access
+        .clone()
+        .with(
+            "serve",
+            control_mode.as_deref().map(|v| ("--control-mode", v)),
+            control_group.as_deref().map(|v| ("--control-group", v)),
+        )
+        .map_err(cfg_err)?;
     cfg.check().map_err(cfg_err)?;
     backend::run(cfg).map_err(|e| {
         let code = match e {
-            backend::DaemonError::SocketInUse(_) | backend::DaemonError::Listen { .. } => {
-                EXIT_CONFIG
-            }
+            backend::DaemonError::SocketInUse(_)
+            | backend::DaemonError::Listen { .. }
+            | backend::DaemonError::NotASocket { .. }
+            | backend::DaemonError::NoSuchGroup { .. } => EXIT_CONFIG,
             _ => 1,
         };
         (code, e.to_string())
@@ -217,7 +253,16 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             uplinks,
             config,
             control,
-        } => serve(ports, uplinks, config, control),
+            control_mode,
+            control_group,
+        } => serve(ServeArgs {
+            ports,
+            uplinks,
+            config,
+            control,
+            control_mode,
+            control_group,
+        }),
         Cmd::Stats { control, json } => {
             let reply = ask(&control, &control::Request::Stats)?;
             let control::Reply::Stats(report) = reply else {
@@ -261,6 +306,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("gsonet=info")),
         )
         .with_writer(std::io::stderr)
+        // Plain text in log files and journals, where lines are grepped; colour on a terminal.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,16 +1,19 @@
 //! The control socket's server: reports counters and applies `gsonet ctl` settings
-//! to the ports and uplinks it was given.
+//! to the ports and uplinks it was given. A client gets bounded room: one request line
+//! of at most `MAX_LINE` bytes at a time, `IDLE` to send it or take the answer, and at
+//! most `MAX_CLIENTS` connections are served at once.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
+use std::time::{Duration, Instant};
 
-use tracing::{debug, info};
+use tracing::{debug, warn};
 
 use super::protocol::{Applied, PortReport, Reply, Request, StatsReport, UplinkReport};
-use crate::backend::socket::bind_exclusive;
+use crate::backend::ratelimit::LogLimit;
 use crate::backend::uplink::Uplink;
 use crate::backend::vhost::port::Port;
 use crate::config::{parse_max_burst, parse_on_off};
@@ -139,35 +142,160 @@ fn answer(r: &Registry, line: &str) -> Reply {
     }
 }
 
-fn client(r: Arc<Registry>, s: UnixStream) {
-    let Ok(mut w) = s.try_clone() else { return };
-    for line in BufReader::new(s).lines() {
-        let Ok(line) = line else { return };
-        let Ok(mut out) = serde_json::to_string(&answer(&r, &line)) else {
-            return;
+/// Longest request line (without its newline); a longer one is answered with an error
+/// and the connection closed.
+pub const MAX_LINE: usize = 4096;
+/// Connections served at once; one more is answered with an error and closed at once.
+pub const MAX_CLIENTS: usize = 16;
+/// Time a client has to send a whole request line, or to take a whole answer; then
+/// its connection is closed and its slot freed.
+pub const IDLE: Duration = Duration::from_secs(10);
+
+/// One of the `MAX_CLIENTS` connection slots, given back on drop.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(open: &Arc<AtomicUsize>) -> Option<Slot> {
+        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < MAX_CLIENTS).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| Slot(open.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+enum Line {
+    Request(String),
+    TooLong,
+    End,
+}
+
+/// Reads one request line, giving the client `IDLE` for all of it; `buf` is reused.
+fn read_line(r: &mut BufReader<UnixStream>, buf: &mut Vec<u8>) -> io::Result<Line> {
+    buf.clear();
+    let deadline = Instant::now() + IDLE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        r.get_ref().set_read_timeout(Some(left))?;
+        let avail = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
         };
-        out.push('\n');
-        if w.write_all(out.as_bytes()).is_err() {
+        if avail.is_empty() {
+            // End of stream; a last line without its newline still counts.
+            return Ok(if buf.is_empty() {
+                Line::End
+            } else {
+                Line::Request(String::from_utf8_lossy(buf).into_owned())
+            });
+        }
+        let (take, done) = match avail.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (avail.len(), false),
+        };
+        if buf.len() + take > MAX_LINE {
+            return Ok(Line::TooLong);
+        }
+        buf.extend_from_slice(&avail[..take]);
+        r.consume(take + usize::from(done));
+        if done {
+            return Ok(Line::Request(String::from_utf8_lossy(buf).into_owned()));
+        }
+    }
+}
+
+/// Writes one answer line, giving the client `IDLE` to take all of it.
+fn send(mut w: &UnixStream, reply: &Reply) -> io::Result<()> {
+    let mut out = serde_json::to_vec(reply).map_err(io::Error::other)?;
+    out.push(b'\n');
+    let deadline = Instant::now() + IDLE;
+    let mut rest = &out[..];
+    while !rest.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        w.set_write_timeout(Some(left))?;
+        match w.write(rest) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn client(r: Arc<Registry>, s: UnixStream, _slot: Slot) {
+    let Ok(w) = s.try_clone() else { return };
+    let mut rd = BufReader::new(s);
+    let mut buf = Vec::new();
+    loop {
+        let reply = match read_line(&mut rd, &mut buf) {
+            Ok(Line::Request(line)) => answer(&r, &line),
+            Ok(Line::TooLong) => {
+                let _ = send(
+                    &w,
+                    &Reply::Error {
+                        error: format!("request line longer than {MAX_LINE} bytes"),
+                    },
+                );
+                return;
+            }
+            Ok(Line::End) => return,
+            Err(e) => {
+                debug!("control client: {e}");
+                return;
+            }
+        };
+        if send(&w, &reply).is_err() {
             return;
         }
     }
 }
 
-/// Serves the control socket forever.
-pub fn serve(path: &Path, registry: Registry) -> std::io::Result<()> {
-    let l = bind_exclusive(path)?;
-    info!(control = %path.display(), "control socket ready");
+/// Serves the control socket (bound by the caller) forever.
+pub fn serve(l: UnixListener, registry: Registry) {
     let registry = Arc::new(registry);
+    let open = Arc::new(AtomicUsize::new(0));
+    let log = LogLimit::default();
     for s in l.incoming() {
-        match s {
-            Ok(s) => {
-                let r = registry.clone();
-                let _ = thread::Builder::new()
-                    .name("control".into())
-                    .spawn(move || client(r, s));
+        let s = match s {
+            Ok(s) => s,
+            Err(e) => {
+                debug!("control accept: {e}");
+                // EMFILE and the like: give the system a moment instead of spinning.
+                thread::sleep(Duration::from_millis(10));
+                continue;
             }
-            Err(e) => debug!("control accept: {e}"),
-        }
+        };
+        let Some(slot) = Slot::take(&open) else {
+            if let Some(suppressed) = log.allow() {
+                warn!(
+                    suppressed,
+                    "control socket: {MAX_CLIENTS} connections open; refusing another"
+                );
+            }
+            // A fresh socket takes one short line without blocking.
+            let _ = s.set_nonblocking(true);
+            let busy =
+                format!("{{\"error\":\"busy: {MAX_CLIENTS} control connections are open\"}}\n");
+            let _ = (&s).write_all(busy.as_bytes());
+            continue;
+        };
+        let r = registry.clone();
+        let _ = thread::Builder::new()
+            .name("control".into())
+            .spawn(move || client(r, s, slot));
     }
-    Ok(())
 }
