@@ -67,6 +67,18 @@ pub struct RxScratch {
     written: Vec<usize>,
 }
 
+impl RxScratch {
+    /// The capacities of its buffers (descriptors, chains, per-chain counts), which
+    /// stay bounded whatever the guest posts.
+    pub fn capacity(&self) -> (usize, usize, usize) {
+        (
+            self.descs.capacity(),
+            self.chains.capacity(),
+            self.written.capacity(),
+        )
+    }
+}
+
 /// Whether the descriptor at the head of chain `head` points at an indirect table.
 fn head_is_indirect<Q: QueueT>(q: &Q, mem: &GuestMem, head: u16) -> bool {
     let at = q.desc_table() + u64::from(head) * std::mem::size_of::<Descriptor>() as u64;

@@ -25,6 +25,10 @@ const FLAG_NEED_REPLY: u32 = 0x8;
 const MAX_PAYLOAD: usize = 0x1000 + 256;
 const MAX_FDS: usize = 32;
 
+#[cfg(feature = "testkit")]
+#[path = "relay_framing.rs"]
+pub mod framing;
+
 /// One message: header fields, payload and the descriptors that came with it.
 struct Msg {
     hdr: [u8; HDR],
