@@ -350,6 +350,8 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
 
 fn well_formed(c: &Chain, fmt: RxFormat, size: u16) -> bool {
     !(c.head_indirect && !fmt.indirect)
+        && c.head < size
+        && !c.descs.is_empty()
         && c.descs.len() <= usize::from(size)
         && c.descs.iter().all(|d| d.len() > 0 && d.is_write_only())
 }
@@ -380,6 +382,7 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
         let after = snapshot(m);
         let used_now = ring.used_idx(m);
         let added = used_now.wrapping_sub(used_idx);
+        let consumed = usize::from(q.next_avail().wrapping_sub(next_avail));
         let (dbytes, dchains, dwritten) = scratch.capacity();
         assert!(
             dbytes <= 2 * MAX_DESCS_PER_FRAME,
@@ -387,12 +390,18 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
         );
         assert!(dchains <= 2 * MAX_CHAINS_PER_FRAME && dwritten <= 2 * MAX_CHAINS_PER_FRAME);
 
-        // Which chains were claimed, and the ranges they let the device write.
-        let claimed = &chains[..usize::from(added).min(chains.len())];
+        // Which chains were claimed, and the ranges they let the device write. A head
+        // outside the table cannot go back to the used ring; every other one does.
+        assert!(
+            consumed <= chains.len(),
+            "consumed more chains than were posted"
+        );
+        let claimed = &chains[..consumed];
+        let returned: Vec<&Chain> = claimed.iter().filter(|c| c.head < size).collect();
         assert_eq!(
             usize::from(added),
-            claimed.len(),
-            "used more than was posted"
+            returned.len(),
+            "used entries vs chains claimed"
         );
         let mut allowed: Vec<(u64, u64)> = claimed
             .iter()
@@ -410,7 +419,7 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
                 );
             }
         }
-        for (i, c) in claimed.iter().enumerate() {
+        for (i, c) in returned.iter().enumerate() {
             let (id, _) = ring.used_at(m, used_idx.wrapping_add(i as u16));
             assert_eq!(
                 id,
@@ -454,14 +463,15 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
             }
             Err(e @ (RxError::BadChain | RxError::ReadableDescriptor | RxError::BadAddress)) => {
                 // The chains claimed are handed back empty, the ring moves on.
-                assert!(added >= 1);
                 for i in 0..added {
                     assert_eq!(ring.used_at(m, used_idx.wrapping_add(i)).1, 0);
                 }
+                assert!(consumed >= 1);
                 let last = claimed.last().expect("a claimed chain");
                 match e {
                     RxError::BadChain => assert!(
                         (last.head_indirect && !fmt.indirect)
+                            || last.descs.is_empty()
                             || last.descs.len() > usize::from(size)
                             || last.descs.iter().any(|d| d.len() == 0)
                     ),
