@@ -10,7 +10,7 @@
 use crate::backend::switch::vlan::{classify, pop, push, Attach, Ingress, ViewBuf};
 use crate::frame::validate::validate;
 use crate::frame::Frame;
-use crate::l2::{Tag, Vid, ADDRS_LEN, ETHERTYPE_VLAN, TAG_LEN};
+use crate::l2::{Tag, Vid, ADDRS_LEN, ETHERTYPE_VLAN, ETH_HDR_LEN, TAG_LEN};
 use crate::segment::{parse_headers, plan};
 use crate::stats::DropReason;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
@@ -260,9 +260,10 @@ pub fn fuzz_one(data: &[u8]) {
             check_layout(&u);
         }
         Err(r) => assert!(
-            r == DropReason::VlanBadOffsets
+            (r == DropReason::VlanBadOffsets
                 && f.hdr.needs_csum()
-                && usize::from(f.hdr.csum_start) < ADDRS_LEN + TAG_LEN,
+                && usize::from(f.hdr.csum_start) < ADDRS_LEN + TAG_LEN)
+                || (r == DropReason::TooShort && f.len < ETH_HDR_LEN + TAG_LEN),
             "pop refused with {r:?}"
         ),
     }
