@@ -11,6 +11,7 @@ use crate::backend::switch::vlan::{classify, pop, push, Attach, Ingress, ViewBuf
 use crate::frame::validate::validate;
 use crate::frame::Frame;
 use crate::l2::{Tag, Vid, ADDRS_LEN, ETHERTYPE_VLAN, ETH_HDR_LEN, TAG_LEN};
+use crate::segment::parse::MAX_HEADERS;
 use crate::segment::{parse_headers, plan};
 use crate::stats::DropReason;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
@@ -235,7 +236,9 @@ pub fn fuzz_one(data: &[u8]) {
         Err(r) => assert!(
             r == DropReason::VlanBadOffsets
                 && (f.hdr.needs_csum() && f.hdr.csum_start > u16::MAX - 4
-                    || f.hdr.hdr_len > u16::MAX - 4),
+                    || f.hdr.hdr_len > u16::MAX - 4
+                    || f.gso
+                        .is_some_and(|l| l.headers.hdr_len() + TAG_LEN > MAX_HEADERS)),
             "push refused with {r:?}"
         ),
     }
