@@ -67,6 +67,18 @@ pub struct RxScratch {
     written: Vec<usize>,
 }
 
+impl RxScratch {
+    /// The capacities of its buffers (descriptors, chains, per-chain counts), which
+    /// stay bounded whatever the guest posts.
+    pub fn capacity(&self) -> (usize, usize, usize) {
+        (
+            self.descs.capacity(),
+            self.chains.capacity(),
+            self.written.capacity(),
+        )
+    }
+}
+
 /// Whether the descriptor at the head of chain `head` points at an indirect table.
 fn head_is_indirect<Q: QueueT>(q: &Q, mem: &GuestMem, head: u16) -> bool {
     let at = q.desc_table() + u64::from(head) * std::mem::size_of::<Descriptor>() as u64;
@@ -127,6 +139,12 @@ pub fn write_frame<Q: QueueT + QueueOwnedT>(
                 }
                 scratch.descs.push((d.addr().0, d.len() as usize));
                 have += d.len() as usize;
+            }
+            if bad.is_none() && scratch.descs.len() == start {
+                // No descriptor at all (a head outside the table, an unreadable
+                // indirect table): it can hold nothing, and a head outside the table
+                // can never be returned, so it must not count in num_buffers.
+                bad = Some(RxError::BadChain);
             }
         }
         if let Some(e) = bad {
@@ -408,6 +426,28 @@ mod tests {
             assert_eq!(used(&mock, 0), (0, 0));
             assert!(scratch.descs.capacity() <= MAX_DESCS_PER_FRAME);
         }
+    }
+
+    #[test]
+    fn a_chain_without_descriptors_is_malformed() {
+        let m = mem();
+        let mock = MockSplitQueue::new(&m, 16);
+        post(&mock, 1, 1, 1000);
+        // The first avail entry names a head outside the 16-entry table; the second
+        // is the good chain.
+        mock.avail().ring().ref_at(0).unwrap().store(20);
+        mock.avail().ring().ref_at(1).unwrap().store(0);
+        mock.avail().idx().store(2);
+        let mut q: Queue = mock.create_queue().unwrap();
+        let data = pattern(100);
+        // Before: written into the good chain with num_buffers 2, one used entry.
+        assert_eq!(put(&mut q, &m, &[&data], true), Err(RxError::BadChain));
+        assert_eq!(mock.used().idx().load(), 0);
+        assert_eq!(put(&mut q, &m, &[&data], true), Ok(1));
+        assert_eq!(used(&mock, 0), (0, 112));
+        let mut h = [0u8; 12];
+        m.read_slice(&mut h, GuestAddress(0x10000)).unwrap();
+        assert_eq!(VirtioNetHdr::from_bytes(&h).unwrap().num_buffers, 1);
     }
 
     #[test]

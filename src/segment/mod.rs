@@ -247,7 +247,11 @@ impl Segmenter {
             }
         };
         out.mss = p.mss;
-        // The protocol loops copy the headers from one contiguous template.
+        // The protocol loops copy the headers from one contiguous template. A carried
+        // layout is trusted for offsets, never for a size the template cannot hold.
+        if h.hdr_len() > tmpl.len() {
+            return Err(SegmentError::Parse(ParseError::HeadersTooLong));
+        }
         let n = parse::gather(frame, &mut tmpl[..h.hdr_len()]);
         if n < h.hdr_len() {
             return Err(truncated(h.hdr_len(), n));

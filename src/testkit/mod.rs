@@ -3,4 +3,28 @@
 
 pub mod frames;
 pub mod fuzz;
+pub mod fuzz_ring;
+pub mod fuzz_switch;
+pub mod fuzz_vlan;
 pub mod oracle;
+
+/// `fuzz/corpus/<target>` in the source tree.
+pub fn corpus_dir(target: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target)
+}
+
+/// Runs every file of `fuzz/corpus/<target>` through `f` (the CI replay of a fuzz
+/// target); at least `min` files must be there.
+pub fn replay(target: &str, f: fn(&[u8]), min: usize) {
+    let dir = corpus_dir(target);
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = e.expect("corpus entry").path();
+        let data = std::fs::read(&path).expect("corpus file");
+        f(&data);
+        n += 1;
+    }
+    assert!(n >= min, "only {n} files in {}", dir.display());
+}

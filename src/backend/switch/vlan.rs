@@ -4,7 +4,8 @@
 
 use crate::frame::{Frame, GsoLayout};
 use crate::l2::{Domain, Tag, Vid, VlanSet, ADDRS_LEN, ETHERTYPE_VLAN, ETH_HDR_LEN, TAG_LEN};
-use crate::segment::{parse::gather, L3};
+use crate::segment::parse::{gather, MAX_HEADERS};
+use crate::segment::L3;
 use crate::stats::DropReason;
 
 /// How a frame's source attaches to the switch.
@@ -115,6 +116,11 @@ pub fn push<'a>(
     if gather(frame.parts, &mut buf.head[..ADDRS_LEN]) < ADDRS_LEN {
         return Err(DropReason::TooShort);
     }
+    let gso = frame.gso.map(|l| shift(l, TAG_LEN as isize));
+    if gso.is_some_and(|l| l.headers.hdr_len() > MAX_HEADERS) {
+        // Past what the segmenter (and any later parse) takes as headers.
+        return Err(DropReason::VlanBadOffsets);
+    }
     let mut hdr = frame.hdr;
     if hdr.needs_csum() {
         hdr.csum_start = hdr
@@ -140,7 +146,7 @@ pub fn push<'a>(
         parts,
         len: frame.len + TAG_LEN,
         tag: Tag::Dot1q(vid.get()),
-        gso: frame.gso.map(|l| shift(l, TAG_LEN as isize)),
+        gso,
         ..*frame
     })
 }
@@ -395,6 +401,61 @@ mod tests {
             push(&f, Vid::new(1).unwrap(), &mut b).err(),
             Some(DropReason::VlanBadOffsets)
         );
+    }
+
+    /// A TSO frame with 510 bytes of headers: IPv6, 432 bytes of destination options,
+    /// TCP with 4 bytes of options.
+    fn long_headers() -> (Vec<u8>, VirtioNetHdr) {
+        let spec = FrameSpec {
+            v6: true,
+            ip6_exts: vec![(60, 53)],
+            tcp_opts: vec![1, 1, 1, 1],
+            payload: pattern(3000),
+            ..FrameSpec::default()
+        };
+        let (bytes, l4) = frames::build(&spec);
+        (bytes, frames::gso_hdr(GsoKind::TcpV6, 1000, l4, true))
+    }
+
+    #[test]
+    fn a_tag_that_pushes_headers_past_the_parser_is_refused() {
+        let (bytes, hdr) = long_headers();
+        let parts = [&bytes[..]];
+        let f = frame(hdr, &parts);
+        assert_eq!(f.gso.unwrap().headers.hdr_len(), 510);
+        let mut b = ViewBuf::default();
+        assert_eq!(
+            push(&f, Vid::new(10).unwrap(), &mut b).err(),
+            Some(DropReason::VlanBadOffsets)
+        );
+    }
+
+    #[test]
+    fn a_carried_layout_longer_than_the_template_is_an_error_not_a_panic() {
+        // What push used to hand the segmenter: the layout moved by 4, 514 bytes.
+        let (bytes, hdr) = long_headers();
+        let parts = [&bytes[..]];
+        let l = shift(frame(hdr, &parts).gso.unwrap(), 4);
+        let mut tagged = bytes[..12].to_vec();
+        tagged.extend_from_slice(&[0x81, 0x00, 0x00, 0x0a]);
+        tagged.extend_from_slice(&bytes[12..]);
+        let hdr = VirtioNetHdr {
+            csum_start: hdr.csum_start + 4,
+            hdr_len: hdr.hdr_len + 4,
+            ..hdr
+        };
+        let opts = SegmentOpts {
+            csum: CsumMode::Full,
+            max_frame: None,
+        };
+        let r = Segmenter::new().segment_planned(
+            &hdr,
+            Some((&l.headers, &l.plan)),
+            &[&tagged[..]],
+            &opts,
+            |_| true,
+        );
+        assert!(r.is_err());
     }
 
     fn spec(v6: bool) -> FrameSpec {
