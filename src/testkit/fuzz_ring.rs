@@ -574,7 +574,8 @@ fn check_bytes(
 /// Addresses a descriptor of the seeds may use freely.
 const BUFS: u16 = 0x6000;
 
-fn seeds() -> Vec<Vec<u8>> {
+/// The seed corpus (written by the ignored `write_*_fuzz_seeds` test).
+pub fn seeds() -> Vec<Vec<u8>> {
     let w = F_WRITE as u8;
     let nw = (F_WRITE | F_NEXT) as u8;
     let hdr = VirtioNetHdr {
@@ -740,14 +741,6 @@ fn seeds() -> Vec<Vec<u8>> {
     out
 }
 
-/// Writes the seeds into `dir` (see `write_fuzz_seeds`).
-pub fn write_seeds(dir: &std::path::Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    for (i, s) in seeds().iter().enumerate() {
-        std::fs::write(dir.join(format!("seed-{i:02}")), s).unwrap();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -769,6 +762,6 @@ mod tests {
     #[test]
     #[ignore]
     fn write_ring_fuzz_seeds() {
-        write_seeds(&crate::testkit::corpus_dir("ring"));
+        crate::testkit::write_seeds("ring", &seeds());
     }
 }

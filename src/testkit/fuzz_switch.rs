@@ -332,7 +332,8 @@ pub fn fuzz_one(data: &[u8]) {
     }
 }
 
-fn seeds() -> Vec<Vec<u8>> {
+/// The seed corpus (written by the ignored `write_*_fuzz_seeds` test).
+pub fn seeds() -> Vec<Vec<u8>> {
     let ports = [(1u8, true), (1, true), (2, true), (0, true), (3, false)];
     let two_uplinks = 2;
     vec![
@@ -375,14 +376,6 @@ fn seeds() -> Vec<Vec<u8>> {
     ]
 }
 
-/// Writes the seeds into `dir`.
-pub fn write_seeds(dir: &std::path::Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    for (i, s) in seeds().iter().enumerate() {
-        std::fs::write(dir.join(format!("seed-{i:02}")), s).unwrap();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,6 +397,6 @@ mod tests {
     #[test]
     #[ignore]
     fn write_switch_fuzz_seeds() {
-        write_seeds(&crate::testkit::corpus_dir("switch"));
+        crate::testkit::write_seeds("switch", &seeds());
     }
 }

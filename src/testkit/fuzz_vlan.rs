@@ -280,7 +280,8 @@ pub fn fuzz_one(data: &[u8]) {
     }
 }
 
-fn seeds() -> Vec<Vec<u8>> {
+/// The seed corpus (written by the ignored `write_*_fuzz_seeds` test).
+pub fn seeds() -> Vec<Vec<u8>> {
     use crate::testkit::frames::{build, ethernet_len, gso_hdr, pattern, FrameSpec};
     use crate::vnet_hdr::GsoKind;
     let mut out = Vec::new();
@@ -313,14 +314,6 @@ fn seeds() -> Vec<Vec<u8>> {
     out
 }
 
-/// Writes the seeds into `dir`.
-pub fn write_seeds(dir: &std::path::Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    for (i, s) in seeds().iter().enumerate() {
-        std::fs::write(dir.join(format!("seed-{i:02}")), s).unwrap();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,6 +335,6 @@ mod tests {
     #[test]
     #[ignore]
     fn write_vlan_fuzz_seeds() {
-        write_seeds(&crate::testkit::corpus_dir("vlan"));
+        crate::testkit::write_seeds("vlan", &seeds());
     }
 }

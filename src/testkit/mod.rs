@@ -28,3 +28,13 @@ pub fn replay(target: &str, f: fn(&[u8]), min: usize) {
     }
     assert!(n >= min, "only {n} files in {}", dir.display());
 }
+
+/// Writes `seeds` into `fuzz/corpus/<target>` as `seed-NN` (the seed writers of the
+/// fuzz targets' ignored tests).
+pub fn write_seeds(target: &str, seeds: &[Vec<u8>]) {
+    let dir = corpus_dir(target);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, s) in seeds.iter().enumerate() {
+        std::fs::write(dir.join(format!("seed-{i:02}")), s).unwrap();
+    }
+}
