@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use gsonet::backend::{self, control};
 use gsonet::config::{Config, PortConfig, UplinkConfig, DEFAULT_CONTROL};
 use gsonet::stats::Snapshot;
@@ -41,64 +41,7 @@ qemu-system-x86_64 ... -object memory-backend-memfd,id=mem,size=1G,share=on -num
 -chardev socket,id=c0,path=/run/gsonet/vm1.sock -netdev vhost-user,id=n0,chardev=c0 \\\n    \
 -device virtio-net-pci,netdev=n0,mrg_rxbuf=on\n\n\
 Logging: RUST_LOG=gsonet=debug")]
-    Serve {
-        /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mac_lock=on][,mac_limit=N]
-        /// [,mtu=N][,max_burst=N][,vlan=N | ,trunk=on,allowed_vlans=LIST]
-        /// [,socket_mode=MODE][,socket_group=GROUP]
-        /// and offload switches offloads|csum|guest_csum|tso|ecn|ufo|uso|mrg_rxbuf|event_idx|indirect_desc=on|off.
-        /// gsonet listens on PATH (QEMU connects); with `client` it connects to a QEMU started
-        /// with server=on. Repeat for more guests.
-        /// mac=MAC is pinned to the port: frames from that address elsewhere are dropped.
-        /// mac_lock=on (needs mac=): the guest may send only from its mac= (mac_spoofed).
-        /// mac_limit=N (default 256): addresses learned on the port at once; past it the
-        /// port's own oldest is forgotten. A learned address moves between ports at most
-        /// once a second (mac_moves, mac_move_refused).
-        /// vlan=N (1..4094) makes the port an 802.1Q access port of VLAN N: its guest sends
-        /// and receives untagged frames, uplinks carry them tagged with VID N, and it sees
-        /// only VLAN N. Tagged frames a guest sends on an access port are dropped
-        /// (tagged_on_access_port).
-        /// trunk=on,allowed_vlans=LIST (ids and ranges joined by ':', e.g. 10-20:30) makes
-        /// it a trunk port: the guest sends and receives those VLANs 802.1Q-tagged and the
-        /// untagged domain untagged; other tags are dropped (vlan_not_allowed). Not with vlan=.
-        /// Ports with neither form the untagged domain and send untagged frames only: any
-        /// tag, 802.1ad and double tags included, is dropped (tagged_on_untagged_port).
-        /// allow_unsealed_memory=on takes guest memory in files not sealed against shrinking
-        /// (hugetlbfs or /dev/shm files, DPDK); by default only sealed memfds are mapped.
-        /// socket_mode=MODE (octal, default 0660) and socket_group=GROUP (a name or a gid,
-        /// default gsonet's own) say who may connect to PATH, i.e. become this port's
-        /// frontend; directories gsonet creates for it get 0750 and the same group. Only a
-        /// stale socket at PATH is replaced: a file, symlink or directory there is an error.
-        #[arg(long = "port", value_name = "SPEC")]
-        ports: Vec<String>,
-        /// An uplink: tap=NAME or dev=IFNAME, then [,queues=N][,gso=pass|software][,max_burst=N]
-        /// (dev also [,bypass=on|off]). Needs root.
-        /// tap=NAME: gsonet creates the tap and brings it up; assign it an address yourself.
-        /// dev=IFNAME: an existing interface (a NIC, a veth, a bond) through AF_PACKET sockets
-        /// with vnet headers; gsonet puts it in promiscuous mode so the guests' frames arrive,
-        /// and does not bring it up. queues=N opens N sockets in one fanout group.
-        /// bypass=on sets PACKET_QDISC_BYPASS: our frames skip the device's qdisc (no tc
-        /// shaping, no queueing: less CPU per frame, but frames are dropped, not queued, when
-        /// the driver's TX ring is full). Default off.
-        /// gso=pass hands GSO frames to the kernel intact (it or the NIC segments them);
-        /// gso=software segments them in gsonet first.
-        #[arg(long = "uplink", value_name = "SPEC")]
-        uplinks: Vec<String>,
-        /// A TOML file with [[port]] and [[uplink]] tables (same keys as above), `control`,
-        /// `control_mode`, `control_group` and `mac_aging`; --port/--uplink add to it.
-        #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
-        /// Control socket for `gsonet stats` and `gsonet ctl`.
-        #[arg(long, value_name = "PATH")]
-        control: Option<PathBuf>,
-        /// Mode of the control socket, in octal (default 0600: only gsonet's user may read
-        /// counters and change settings). Overrides the file's `control_mode`.
-        #[arg(long, value_name = "MODE")]
-        control_mode: Option<String>,
-        /// Group of the control socket (a name or a gid); with --control-mode 0660 its
-        /// members may use `gsonet stats` and `gsonet ctl`. Overrides `control_group`.
-        #[arg(long, value_name = "GROUP")]
-        control_group: Option<String>,
-    },
+    Serve(ServeArgs),
     /// Print the counters of a running gsonet.
     Stats {
         #[arg(long, value_name = "PATH", default_value = DEFAULT_CONTROL)]
@@ -126,12 +69,63 @@ Logging: RUST_LOG=gsonet=debug")]
 const EXIT_CONFIG: u8 = 2;
 
 /// What `gsonet serve` was given.
+#[derive(Args)]
 struct ServeArgs {
+    /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mac_lock=on][,mac_limit=N]
+    /// [,mtu=N][,max_burst=N][,vlan=N | ,trunk=on,allowed_vlans=LIST]
+    /// [,socket_mode=MODE][,socket_group=GROUP]
+    /// and offload switches offloads|csum|guest_csum|tso|ecn|ufo|uso|mrg_rxbuf|event_idx|indirect_desc=on|off.
+    /// gsonet listens on PATH (QEMU connects); with `client` it connects to a QEMU started
+    /// with server=on. Repeat for more guests.
+    /// mac=MAC is pinned to the port: frames from that address elsewhere are dropped.
+    /// mac_lock=on (needs mac=): the guest may send only from its mac= (mac_spoofed).
+    /// mac_limit=N (default 256): addresses learned on the port at once; past it the
+    /// port's own oldest is forgotten. A learned address moves between ports at most
+    /// once a second (mac_moves, mac_move_refused).
+    /// vlan=N (1..4094) makes the port an 802.1Q access port of VLAN N: its guest sends
+    /// and receives untagged frames, uplinks carry them tagged with VID N, and it sees
+    /// only VLAN N. Tagged frames a guest sends on an access port are dropped
+    /// (tagged_on_access_port).
+    /// trunk=on,allowed_vlans=LIST (ids and ranges joined by ':', e.g. 10-20:30) makes
+    /// it a trunk port: the guest sends and receives those VLANs 802.1Q-tagged and the
+    /// untagged domain untagged; other tags are dropped (vlan_not_allowed). Not with vlan=.
+    /// Ports with neither form the untagged domain and send untagged frames only: any
+    /// tag, 802.1ad and double tags included, is dropped (tagged_on_untagged_port).
+    /// allow_unsealed_memory=on takes guest memory in files not sealed against shrinking
+    /// (hugetlbfs or /dev/shm files, DPDK); by default only sealed memfds are mapped.
+    /// socket_mode=MODE (octal, default 0660) and socket_group=GROUP (a name or a gid,
+    /// default gsonet's own) say who may connect to PATH, i.e. become this port's
+    /// frontend; directories gsonet creates for it get 0750 and the same group. Only a
+    /// stale socket at PATH is replaced: a file, symlink or directory there is an error.
+    #[arg(long = "port", value_name = "SPEC")]
     ports: Vec<String>,
+    /// An uplink: tap=NAME or dev=IFNAME, then [,queues=N][,gso=pass|software][,max_burst=N]
+    /// (dev also [,bypass=on|off]). Needs root.
+    /// tap=NAME: gsonet creates the tap and brings it up; assign it an address yourself.
+    /// dev=IFNAME: an existing interface (a NIC, a veth, a bond) through AF_PACKET sockets
+    /// with vnet headers; gsonet puts it in promiscuous mode so the guests' frames arrive,
+    /// and does not bring it up. queues=N opens N sockets in one fanout group.
+    /// bypass=on sets PACKET_QDISC_BYPASS: our frames skip the device's qdisc (no tc
+    /// shaping, no queueing: less CPU per frame, but frames are dropped, not queued, when
+    /// the driver's TX ring is full). Default off.
+    /// gso=pass hands GSO frames to the kernel intact (it or the NIC segments them);
+    /// gso=software segments them in gsonet first.
+    #[arg(long = "uplink", value_name = "SPEC")]
     uplinks: Vec<String>,
+    /// A TOML file with [[port]] and [[uplink]] tables (same keys as above), `control`,
+    /// `control_mode`, `control_group` and `mac_aging`; --port/--uplink add to it.
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Control socket for `gsonet stats` and `gsonet ctl`.
+    #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+    /// Mode of the control socket, in octal (default 0600: only gsonet's user may read
+    /// counters and change settings). Overrides the file's `control_mode`.
+    #[arg(long, value_name = "MODE")]
     control_mode: Option<String>,
+    /// Group of the control socket (a name or a gid); with --control-mode 0660 its
+    /// members may use `gsonet stats` and `gsonet ctl`. Overrides `control_group`.
+    #[arg(long, value_name = "GROUP")]
     control_group: Option<String>,
 }
 
@@ -248,21 +242,7 @@ fn pretty<T: serde::Serialize>(v: &T) -> Result<String, (u8, String)> {
 
 fn run(cli: Cli) -> Result<(), (u8, String)> {
     match cli.cmd {
-        Cmd::Serve {
-            ports,
-            uplinks,
-            config,
-            control,
-            control_mode,
-            control_group,
-        } => serve(ServeArgs {
-            ports,
-            uplinks,
-            config,
-            control,
-            control_mode,
-            control_group,
-        }),
+        Cmd::Serve(args) => serve(args),
         Cmd::Stats { control, json } => {
             let reply = ask(&control, &control::Request::Stats)?;
             let control::Reply::Stats(report) = reply else {
