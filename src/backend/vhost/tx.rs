@@ -46,6 +46,11 @@ pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxW
     };
     let neg = port.negotiated().unwrap_or_default();
     let TxWorker { buf, ctx } = w;
+    // A kick on a queue not (or no longer) set up is not a broken ring: as before,
+    // there is nothing to pop (a frontend killed and reattached can kick one).
+    if !txq.get_ref().get_queue().ready() {
+        return;
+    }
     loop {
         let _ = txq.disable_notification();
         if !avail_in_range(txq.get_ref().get_queue(), &mem) {
