@@ -11,7 +11,7 @@ use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::{Endpoint, Switch};
 use crate::frame::validate::tx_frame;
 use crate::frame::Frame;
-use crate::ring::avail_in_range;
+use crate::ring::{avail_in_range, GuestMem};
 use crate::ring::tx::{self, TxError};
 use crate::stats::DropReason;
 
@@ -39,6 +39,29 @@ fn segments(frame: &Frame) -> usize {
     frame.gso.map_or(1, |g| g.plan.segments)
 }
 
+enum RingState {
+    /// Not (or no longer) set up and enabled: nothing to pop, and not a fault.
+    Stopped,
+    /// The avail index is more than a queue ahead of what was popped.
+    Broken,
+    InRange,
+}
+
+/// Reads the ring's state under one guard: a frontend stopping the queue
+/// (GET_VRING_BASE, SET_VRING_ENABLE 0) takes the write side, so either it is seen
+/// stopped here, or the avail index is read before the frontend may reuse its memory.
+fn ring_state(txq: &Vring, mem: &GuestMem) -> RingState {
+    let st = txq.get_ref();
+    let q = st.get_queue();
+    if !q.ready() || !st.is_enabled() {
+        RingState::Stopped
+    } else if avail_in_range(q, mem) {
+        RingState::InRange
+    } else {
+        RingState::Broken
+    }
+}
+
 /// Drains the TX queue of `pair`: every chain becomes a frame for the switch.
 pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxWorker) {
     let Some(mem) = port.memory() else {
@@ -46,17 +69,16 @@ pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxW
     };
     let neg = port.negotiated().unwrap_or_default();
     let TxWorker { buf, ctx } = w;
-    // A kick on a queue not (or no longer) set up is not a broken ring: as before,
-    // there is nothing to pop (a frontend killed and reattached can kick one).
-    if !txq.get_ref().get_queue().ready() {
-        return;
-    }
     loop {
         let _ = txq.disable_notification();
-        if !avail_in_range(txq.get_ref().get_queue(), &mem) {
-            // Counted once per kick; the queue is not touched until it makes sense.
-            port.stats.drop(DropReason::TxRingBroken);
-            break;
+        match ring_state(txq, &mem) {
+            RingState::Stopped => break,
+            RingState::Broken => {
+                // Counted once per kick; the queue is not touched until it makes sense.
+                port.stats.drop(DropReason::TxRingBroken);
+                break;
+            }
+            RingState::InRange => {}
         }
         let mut done = 0;
         while done < TX_BATCH {
