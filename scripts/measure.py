@@ -64,7 +64,7 @@ def run(args) -> dict:
     """Every round: every topology, every backend set up, measured (each offload state,
     each direction) and torn down. Returns {"runs": {key: [Gbit/s...]}, "errors": {key:
     reason}, "commands": {...}, "gsonet_stats": {...}}."""
-    res: dict = {"runs": {}, "errors": {}, "commands": {}, "gsonet_stats": {}}
+    res: dict = {"runs": {}, "cost": {}, "errors": {}, "commands": {}, "gsonet_stats": {}}
     logs = args.out / "logs" if args.out else None
     for r in range(args.repeats):
         for topo in args.topologies:
@@ -97,9 +97,10 @@ def _measure_setup(s: Setup, args, res: dict) -> None:
         for case in CASES[s.topo]:
             k = key(case, on, s.backend)
             try:
-                gbps = s.measure(case, args.seconds)
+                gbps, per_gb = s.measure(case, args.seconds)
                 res["runs"].setdefault(k, []).append(gbps)
-                log(f"  {k}: {gbps:.2f} Gbit/s")
+                res["cost"].setdefault(k, []).append(per_gb)
+                log(f"  {k}: {gbps:.2f} Gbit/s; per GB: {per_gb}")
             except Exception as e:  # noqa: BLE001 - the next case may still work
                 res["errors"][k] = _why(e)
                 log(f"  {k}: n/a ({res['errors'][k]})")
@@ -120,12 +121,63 @@ def summarize(res: dict, args) -> list[dict]:
                 if runs:
                     m = statistics.median(runs)
                     row["backends"][b] = {"gbps": m, "runs": runs,
-                                          "ratio": (m / base) if base else None}
+                                          "ratio": (m / base) if base else None,
+                                          "per_gb": median_cost(res["cost"].get(key(case, on, b), []))}
                 else:
                     row["backends"][b] = {"gbps": None,
                                           "error": res["errors"].get(key(case, on, b), "not run")}
             rows.append(row)
     return rows
+
+
+def median_cost(costs: list):
+    """Field-wise median of per_gb dicts (harness.cost.per_gb) of the repeats."""
+    costs = [c for c in costs if c is not None]
+    if not costs:
+        return None
+    first = costs[0]
+    if isinstance(first, dict):
+        return {k: median_cost([c.get(k) for c in costs if isinstance(c, dict)]) for k in first}
+    if isinstance(first, list):
+        return [median_cost([c[i] for c in costs if isinstance(c, list) and len(c) > i])
+                for i in range(len(first))]
+    return statistics.median(costs)
+
+
+def _k(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1000:.1f}k" if abs(v) >= 1000 else f"{v:.0f}"
+
+
+def cost_markdown(rows: list[dict], args) -> str:
+    """The per-GB table: what each GB moved cost the guests (interrupts, kicks), gsonet
+    (kick wake-ups, calls) and the host (CPU seconds), medians of the repeats."""
+    head = ["direction", "guest offloads", "backend", "Gbit/s",
+            "guest irqs in/out per GB", "guest kicks tx/rx per GB",
+            "gsonet kick wake-ups tx/rx, calls tx/rx per GB", "CPU s per GB: gsonet / QEMU"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        for b in args.backends:
+            v = row["backends"][b]
+            c = v.get("per_gb")
+            if v["gbps"] is None or not c or not c.get("guests"):
+                continue
+            names = "AB" if len(c["guests"]) > 1 else "A"
+            irqs = " · ".join(f"{n} {_k(g['irq_in'] + g.get('irq_shared', 0))}/{_k(g['irq_out'])}"
+                              for n, g in zip(names, c["guests"]))
+            kicks = " · ".join(f"{n} {_k(g['kicks_tx'])}/{_k(g['kicks_rx'])}"
+                               for n, g in zip(names, c["guests"]))
+            gs = c.get("gsonet")
+            gsc = (f"{_k(gs['tx_kicks'])}/{_k(gs['rx_kicks'])}, {_k(gs['tx_calls'])}/"
+                   f"{_k(gs['rx_calls'])}" if gs else "-")
+            cpu = c.get("cpu_s", {})
+            qemu = sum(x for k, x in cpu.items() if k.startswith("qemu"))
+            g_cpu = f"{cpu['gsonet']:.2f}" if "gsonet" in cpu else "-"
+            lines.append("| " + " | ".join([
+                CASE_LABEL[row["case"]], row["offloads"], LABEL[b], f"{v['gbps']:.2f}",
+                irqs, kicks, gsc, f"{g_cpu} / {qemu:.2f}"]) + " |")
+    return "\n".join(lines)
 
 
 def markdown(rows: list[dict], args) -> str:
@@ -216,16 +268,20 @@ def measure(args) -> list[dict]:
     res = run(args)
     rows = summarize(res, args)
     table = markdown(rows, args)
+    costs = cost_markdown(rows, args)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(
             {"meta": _meta(args, stamp, time.monotonic() - t0), "rows": rows,
-             "runs": res["runs"], "errors": res["errors"], "commands": res["commands"],
+             "runs": res["runs"], "cost": res["cost"], "errors": res["errors"], "commands": res["commands"],
              "gsonet_stats": res["gsonet_stats"]}, indent=2) + "\n")
-        (args.out / "table.md").write_text(table + "\n")
+        (args.out / "table.md").write_text(table + "\n\n" + costs + "\n")
     print(f"\niperf3 TCP, {args.seconds:g} s per test, median of {args.repeats}; "
           f"ratio = backend / QEMU built-in, same run\n")
     print(table)
+    print("\nper GB moved (A = guest 0, the sender guest->guest; B = guest 1), medians; "
+          "guest->host and host->guest have guest A only\n")
+    print(costs)
     if args.out:
         print(f"\nresults: {args.out}/results.json, table.md, logs/")
     return rows

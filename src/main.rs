@@ -217,6 +217,10 @@ fn print_counters(s: &Snapshot) {
         s.max_mss,
         s.csum_completed
     );
+    println!(
+        "  notifications: kicks tx {} rx {}  calls tx {} rx {}",
+        s.tx_kicks, s.rx_kicks, s.tx_calls, s.rx_calls
+    );
     if s.mac_moves > 0 {
         println!("  mac moves to it: {}", s.mac_moves);
     }

@@ -123,6 +123,20 @@ fn learning_flooding_and_broadcast() {
     assert!(b.recv(QUIET).is_none(), "B got an extra frame");
 }
 
+/// Every kick wakes a TX worker and is counted, and every frame delivered to a guest
+/// that asked for interrupts is announced with a call: the figures `make bench` divides
+/// by the bytes moved.
+#[test]
+fn kicks_and_calls_are_counted() {
+    let (d, _a, _b) = two();
+    let s = d.stats().unwrap();
+    for port in [0, 1] {
+        assert!(port_counter(&s, port, "tx_kicks") >= 1, "{s:#}");
+        assert!(port_counter(&s, port, "tx_calls") >= 1, "{s:#}");
+        assert!(port_counter(&s, port, "rx_calls") >= 1, "{s:#}");
+    }
+}
+
 /// A GSO frame from B reaches A (which takes that GSO type) as one frame, byte for
 /// byte, with the header the guest needs.
 fn gso_to_capable_peer(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from . import hostnet
+from . import cost, hostnet
 from .gsonet import Gsonet
 from .guest import Guest
 from .iperf import iperf3_guest_client, iperf3_guest_server, iperf3_host_client
@@ -163,12 +163,19 @@ class Setup:
         for g in self.guests:
             g.ethtool_set(tso=on, gso=on)
 
-    def measure(self, case: str, seconds: float) -> float:
+    def measure(self, case: str, seconds: float) -> tuple[float, dict]:
         """Gbit/s of one iperf3 run: "g2h", "h2g" (server in the guest; -R makes the
-        guest the sender) or "g2g" (guest 0 sends to guest 1)."""
+        guest the sender) or "g2g" (guest 0 sends to guest 1); and what it cost per GB
+        (harness.cost.per_gb: guest interrupts and kicks, gsonet's kicks and calls,
+        CPU seconds)."""
         if case == "g2g":
             a, b = self.guests
             iperf3_guest_server(b)
-            return iperf3_guest_client(a, self.guest_ips[1], seconds=seconds)
-        iperf3_guest_server(self.guests[0])
-        return iperf3_host_client(self.guest_ips[0], seconds=seconds, reverse=(case == "g2h"))
+            before = cost.Snapshot.take(self.guests, self.gsonet)
+            gbps = iperf3_guest_client(a, self.guest_ips[1], seconds=seconds)
+        else:
+            iperf3_guest_server(self.guests[0])
+            before = cost.Snapshot.take(self.guests, self.gsonet)
+            gbps = iperf3_host_client(self.guest_ips[0], seconds=seconds,
+                                      reverse=(case == "g2h"))
+        return gbps, cost.per_gb(before, cost.Snapshot.take(self.guests, self.gsonet))

@@ -33,6 +33,12 @@ pub struct Counters {
     pub csum_completed: AtomicU64,
     /// Learned addresses that moved to this endpoint from another.
     pub mac_moves: AtomicU64,
+    /// Guest notifications: wake-ups on its TX and RX kick fds (one wake-up may
+    /// carry several kicks), and interrupts requested on its call fds.
+    pub tx_kicks: AtomicU64,
+    pub rx_kicks: AtomicU64,
+    pub tx_calls: AtomicU64,
+    pub rx_calls: AtomicU64,
     drops: DropCounters,
 }
 
@@ -63,6 +69,14 @@ pub struct Snapshot {
     pub csum_completed: u64,
     #[serde(default)]
     pub mac_moves: u64,
+    #[serde(default)]
+    pub tx_kicks: u64,
+    #[serde(default)]
+    pub rx_kicks: u64,
+    #[serde(default)]
+    pub tx_calls: u64,
+    #[serde(default)]
+    pub rx_calls: u64,
     /// Non-zero drop counters by `DropReason::name`.
     pub drops: BTreeMap<String, u64>,
 }
@@ -131,6 +145,10 @@ impl Counters {
             min_mss: g(&self.min_mss),
             csum_completed: g(&self.csum_completed),
             mac_moves: g(&self.mac_moves),
+            tx_kicks: g(&self.tx_kicks),
+            rx_kicks: g(&self.rx_kicks),
+            tx_calls: g(&self.tx_calls),
+            rx_calls: g(&self.rx_calls),
             drops: DropReason::ALL
                 .iter()
                 .map(|&r| (r.name().to_string(), self.drops(r)))

@@ -4,6 +4,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 use tracing::info;
@@ -163,11 +164,13 @@ impl VhostUserBackend for PortBackend {
         match device_event {
             0 => {
                 // The guest added RX buffers; uplink readers waiting for room retry.
+                self.port.stats.rx_kicks.fetch_add(1, Relaxed);
                 self.port.rx_refilled();
                 self.switch.rx_space();
                 Ok(())
             }
             1 => {
+                self.port.stats.tx_kicks.fetch_add(1, Relaxed);
                 if let (Some(txq), Some(w)) = (vrings.get(1), self.workers.get(pair)) {
                     let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
                     tx::drain(&self.port, &self.switch, pair, txq, &mut w);

@@ -240,6 +240,7 @@ impl Port {
             .clone();
         if let Some(v) = vring {
             if v.needs_notification().unwrap_or(true) {
+                self.stats.rx_calls.fetch_add(1, Ordering::Relaxed);
                 let _ = v.signal_used_queue();
             }
         }

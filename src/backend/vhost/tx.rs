@@ -2,6 +2,8 @@
 //! chain out, check it against what the guest negotiated, and hand the typed frame to
 //! the switch; signal the guest and the destinations once per batch.
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use tracing::{debug, warn};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
@@ -11,8 +13,8 @@ use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::{Endpoint, Switch};
 use crate::frame::validate::tx_frame;
 use crate::frame::Frame;
-use crate::ring::{avail_in_range, GuestMem};
 use crate::ring::tx::{self, TxError};
+use crate::ring::{avail_in_range, GuestMem};
 use crate::stats::DropReason;
 
 /// How many TX chains one pass handles before signalling the guest.
@@ -114,6 +116,7 @@ pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxW
             done += 1;
         }
         if done > 0 && txq.needs_notification().unwrap_or(true) {
+            port.stats.tx_calls.fetch_add(1, Relaxed);
             let _ = txq.signal_used_queue();
         }
         ctx.flush();
