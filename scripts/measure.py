@@ -64,7 +64,8 @@ def run(args) -> dict:
     """Every round: every topology, every backend set up, measured (each offload state,
     each direction) and torn down. Returns {"runs": {key: [Gbit/s...]}, "errors": {key:
     reason}, "commands": {...}, "gsonet_stats": {...}}."""
-    res: dict = {"runs": {}, "cost": {}, "errors": {}, "commands": {}, "gsonet_stats": {}}
+    res: dict = {"runs": {}, "cost": {}, "latency": {}, "errors": {}, "commands": {},
+                 "gsonet_stats": {}}
     logs = args.out / "logs" if args.out else None
     for r in range(args.repeats):
         for topo in args.topologies:
@@ -92,6 +93,16 @@ def run(args) -> dict:
 
 
 def _measure_setup(s: Setup, args, res: dict) -> None:
+    if args.latency:
+        # the guests' default offloads (on)
+        k = f"{s.topo}|{s.backend}"
+        try:
+            lat = s.latency(args.latency)
+            res["latency"].setdefault(k, []).append(lat)
+            log(f"  {k} latency: {lat}")
+        except Exception as e:  # noqa: BLE001 - throughput is still worth measuring
+            res["errors"][f"latency|{k}"] = _why(e)
+            log(f"  {k} latency: n/a ({_why(e)})")
     for on in OFFLOADS[args.offloads]:
         s.set_offloads(on)
         for case in CASES[s.topo]:
@@ -180,6 +191,29 @@ def cost_markdown(rows: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+TOPO_LABEL = {"host": "guest<->host", "g2g": "guest<->guest"}
+
+
+def latency_markdown(res: dict, args) -> str:
+    """Request/response latency per path and backend, medians of the repeats, with the
+    p50 ratio to QEMU's built-in virtio-net (below 1 is faster)."""
+    head = ["path", "backend", "p50 µs", "p90 µs", "p99 µs", "p50 / QEMU"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for topo in args.topologies:
+        base = median_cost(res["latency"].get(f"{topo}|{BASELINE}", []))
+        for b in args.backends:
+            k = f"{topo}|{b}"
+            lat = median_cost(res["latency"].get(k, []))
+            if not lat:
+                why = res["errors"].get(f"latency|{k}", "not run")
+                lines.append(f"| {TOPO_LABEL[topo]} | {LABEL[b]} | n/a | | | {why} |")
+                continue
+            ratio = f"{lat['p50_us'] / base['p50_us']:.2f}x" if base else "n/a"
+            lines.append(f"| {TOPO_LABEL[topo]} | {LABEL[b]} | {lat['p50_us']:.0f} | "
+                         f"{lat['p90_us']:.0f} | {lat['p99_us']:.0f} | {ratio} |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict], args) -> str:
     head = ["direction", "guest offloads"]
     for b in args.backends:
@@ -240,6 +274,8 @@ def parse_args(argv: list[str] | None = None, description: str = __doc__,
     ap.add_argument("--repeats", type=int, default=1, help="rounds (medians are reported)")
     ap.add_argument("--out", type=Path, default=None,
                     help="write results.json, table.md and the logs there")
+    ap.add_argument("--latency", type=int, default=2000, metavar="N",
+                    help="round trips of the 1-byte TCP latency test per setup (0: skip)")
     ap.add_argument("--gsonet-stats", action="store_true",
                     help="print `gsonet stats` after each gsonet round")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -269,19 +305,25 @@ def measure(args) -> list[dict]:
     rows = summarize(res, args)
     table = markdown(rows, args)
     costs = cost_markdown(rows, args)
+    latency = latency_markdown(res, args) if args.latency else ""
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(
             {"meta": _meta(args, stamp, time.monotonic() - t0), "rows": rows,
-             "runs": res["runs"], "cost": res["cost"], "errors": res["errors"], "commands": res["commands"],
+             "runs": res["runs"], "cost": res["cost"], "latency": res["latency"],
+             "errors": res["errors"], "commands": res["commands"],
              "gsonet_stats": res["gsonet_stats"]}, indent=2) + "\n")
-        (args.out / "table.md").write_text(table + "\n\n" + costs + "\n")
+        (args.out / "table.md").write_text(table + "\n\n" + costs + "\n\n" + latency + "\n")
     print(f"\niperf3 TCP, {args.seconds:g} s per test, median of {args.repeats}; "
           f"ratio = backend / QEMU built-in, same run\n")
     print(table)
     print("\nper GB moved (A = guest 0, the sender guest->guest; B = guest 1), medians; "
           "guest->host and host->guest have guest A only\n")
     print(costs)
+    if args.latency:
+        print(f"\nrequest/response latency: 1-byte TCP ping-pong (tcp_rr, TCP_NODELAY), "
+              f"{args.latency} round trips, offloads on, medians\n")
+        print(latency)
     if args.out:
         print(f"\nresults: {args.out}/results.json, table.md, logs/")
     return rows

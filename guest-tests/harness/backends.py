@@ -3,14 +3,16 @@ brought up in one topology (guest<->host or guest<->guest) with its guests boote
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 from . import cost, hostnet
 from .gsonet import Gsonet
 from .guest import Guest
 from .iperf import iperf3_guest_client, iperf3_guest_server, iperf3_host_client
-from .paths import TESTPMD
+from .paths import TCP_RR, TESTPMD
 from .process import HarnessError
 from .qemu import tap_netdev, vhost_user_netdev
 from .testpmd import TestPmd
@@ -179,3 +181,30 @@ class Setup:
             gbps = iperf3_host_client(self.guest_ips[0], seconds=seconds,
                                       reverse=(case == "g2h"))
         return gbps, cost.per_gb(before, cost.Snapshot.take(self.guests, self.gsonet))
+
+    def latency(self, round_trips: int = 2000, port: int = 7007) -> dict:
+        """1-byte TCP request/response (tcp_rr, TCP_NODELAY): {"p50_us", "p90_us",
+        "p99_us"}. The server runs in the last guest; the client on the host
+        (guest<->host) or in guest 0 (guest<->guest)."""
+        server = self.guests[-1]
+        server.run("killall tcp_rr 2>/dev/null; true")
+        server.run_ok(f"tcp_rr -s {port} >/dev/null 2>&1 &")
+        if not server.wait_listening(port):
+            raise HarnessError(f"{server.name}: tcp_rr server did not start")
+        ip = self.guest_ips[-1]
+        try:
+            if self.topo == "g2g":
+                out = self.guests[0].run_ok(f"tcp_rr -c {ip} -p {port} -n {round_trips}",
+                                            timeout=120)
+            else:
+                if not TCP_RR.exists():
+                    raise HarnessError(f"{TCP_RR} missing (guest-tests/image/build.sh)")
+                out = subprocess.run([str(TCP_RR), "-c", ip, "-p", str(port), "-n",
+                                      str(round_trips)], capture_output=True, text=True,
+                                     timeout=120, check=True).stdout
+        finally:
+            server.run("killall tcp_rr 2>/dev/null; true")
+        m = re.search(r"p50_us ([\d.]+) p90_us ([\d.]+) p99_us ([\d.]+)", out)
+        if not m:
+            raise HarnessError(f"tcp_rr: no result: {out[-300:]}")
+        return dict(zip(("p50_us", "p90_us", "p99_us"), map(float, m.groups())))

@@ -13,6 +13,7 @@ GUEST_TESTS = Path(__file__).resolve().parent.parent
 REPO = GUEST_TESTS.parent
 KERNEL = GUEST_TESTS / ".cache" / "bzImage"
 INITRD = GUEST_TESTS / ".cache" / "initramfs.cpio.gz"
+TCP_RR = GUEST_TESTS / ".cache" / "tcp_rr"  # the host end of the latency test
 LOG_DIR = Path(os.environ.get("GSONET_LOG_DIR", REPO / "results" / "guest-logs"))
 QEMU = os.environ.get("GSONET_QEMU", "qemu-system-x86_64")
 GSONET_BIN = os.environ.get("GSONET_BIN", str(REPO / "target" / "release" / "gsonet"))

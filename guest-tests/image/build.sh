@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the gsonet test guest: a Debian bookworm-backports 6.12 kernel and a
-# busybox initramfs with virtio_net, iperf3, ethtool and the UDP GSO tools.
+# busybox initramfs with virtio_net, iperf3, ethtool, the UDP GSO tools and tcp_rr.
 # Output: guest-tests/.cache/{bzImage,initramfs.cpio.gz,stamp}. Rebuilt only
 # when this script, its inputs or the host packages it copies from change.
 # Env: GSONET_KERNEL_PKG=linux-image-6.12.X+debN-amd64 to pin the kernel;
@@ -122,7 +122,9 @@ copy_with_libs "$(command -v ethtool)" /usr/sbin/ethtool
 # UDP GSO tools (static).
 gcc -static -O2 -Wall -o "$T/usr/bin/udpgso_send" "$HERE/udpgso_send.c"
 gcc -static -O2 -Wall -o "$T/usr/bin/udp_recv" "$HERE/udp_recv.c"
-strip "$T/usr/bin/udpgso_send" "$T/usr/bin/udp_recv" 2>/dev/null || true
+# Request/response latency (static; the host's end is the same binary).
+gcc -static -O2 -Wall -o "$T/usr/bin/tcp_rr" "$HERE/tcp_rr.c"
+strip "$T/usr/bin/udpgso_send" "$T/usr/bin/udp_recv" "$T/usr/bin/tcp_rr" 2>/dev/null || true
 
 cp "$HERE/init" "$T/init"
 chmod +x "$T/init"
@@ -134,6 +136,7 @@ printf '127.0.0.1 localhost\n::1 localhost\n' > "$T/etc/hosts"
 ( cd "$T" && find . -print0 | cpio --null -o -H newc --quiet ) | gzip -1 > "$CACHE/initramfs.cpio.gz.new"
 mv "$CACHE/initramfs.cpio.gz.new" "$CACHE/initramfs.cpio.gz"
 cp "$VMLINUZ" "$CACHE/bzImage"
+cp "$T/usr/bin/tcp_rr" "$CACHE/tcp_rr"
 echo "$KVER" > "$CACHE/kernel-version"
 rm -rf "$T"
 echo "$STAMP" > "$CACHE/stamp"
