@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import measure  # puts guest-tests/ (the harness) on sys.path
-from harness.backends import BACKENDS, LABEL, TOPOLOGIES
+from harness.backends import BACKENDS, TOPOLOGIES, label
 
 
 def ensure_matplotlib() -> bool:
@@ -45,7 +45,7 @@ def chart(rows: list[dict], args, path: Path) -> str | None:
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 4.5))
     for i, b in enumerate(args.backends):
         xs = [j + (i - (len(args.backends) - 1) / 2) * width for j in range(len(rows))]
-        ax.bar(xs, [r["backends"][b]["gbps"] or 0 for r in rows], width, label=LABEL[b])
+        ax.bar(xs, [r["backends"][b]["gbps"] or 0 for r in rows], width, label=label(b))
         for x, r in zip(xs, rows):
             if r["backends"][b]["gbps"] is None:
                 ax.text(x, 0.02, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)

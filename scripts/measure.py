@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "guest-tests"))
 
 from harness import paths  # noqa: E402
-from harness.backends import BACKENDS, BASELINE, LABEL, TOPOLOGIES, Setup  # noqa: E402
+from harness.backends import BACKENDS, BASELINE, TOPOLOGIES, Setup, known, label  # noqa: E402
 
 CASES = {"host": ["g2h", "h2g"], "g2g": ["g2g"]}
 CASE_LABEL = {"g2h": "guest->host", "h2g": "host->guest", "g2g": "guest->guest"}
@@ -166,6 +166,7 @@ def cost_markdown(rows: list[dict], args) -> str:
     (kick wake-ups, calls) and the host (CPU seconds), medians of the repeats."""
     head = ["direction", "guest offloads", "backend", "Gbit/s",
             "guest irqs in/out per GB", "guest kicks tx/rx per GB",
+            "guest vCPU s per GB: user/sys/irq+softirq/idle",
             "gsonet kick wake-ups tx/rx, calls tx/rx per GB", "CPU s per GB: gsonet / QEMU"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
@@ -179,6 +180,10 @@ def cost_markdown(rows: list[dict], args) -> str:
                               for n, g in zip(names, c["guests"]))
             kicks = " · ".join(f"{n} {_k(g['kicks_tx'])}/{_k(g['kicks_rx'])}"
                                for n, g in zip(names, c["guests"]))
+            vcpu = " · ".join(
+                f"{n} {g['cpu_user']:.2f}/{g['cpu_system']:.2f}/"
+                f"{g['cpu_irq'] + g['cpu_softirq']:.2f}/{g['cpu_idle']:.2f}"
+                for n, g in zip(names, c["guests"]) if "cpu_user" in g)
             gs = c.get("gsonet")
             gsc = (f"{_k(gs['tx_kicks'])}/{_k(gs['rx_kicks'])}, {_k(gs['tx_calls'])}/"
                    f"{_k(gs['rx_calls'])}" if gs else "-")
@@ -186,8 +191,8 @@ def cost_markdown(rows: list[dict], args) -> str:
             qemu = sum(x for k, x in cpu.items() if k.startswith("qemu"))
             g_cpu = f"{cpu['gsonet']:.2f}" if "gsonet" in cpu else "-"
             lines.append("| " + " | ".join([
-                CASE_LABEL[row["case"]], row["offloads"], LABEL[b], f"{v['gbps']:.2f}",
-                irqs, kicks, gsc, f"{g_cpu} / {qemu:.2f}"]) + " |")
+                CASE_LABEL[row["case"]], row["offloads"], label(b), f"{v['gbps']:.2f}",
+                irqs, kicks, vcpu or "-", gsc, f"{g_cpu} / {qemu:.2f}"]) + " |")
     return "\n".join(lines)
 
 
@@ -206,10 +211,10 @@ def latency_markdown(res: dict, args) -> str:
             lat = median_cost(res["latency"].get(k, []))
             if not lat:
                 why = res["errors"].get(f"latency|{k}", "not run")
-                lines.append(f"| {TOPO_LABEL[topo]} | {LABEL[b]} | n/a | | | {why} |")
+                lines.append(f"| {TOPO_LABEL[topo]} | {label(b)} | n/a | | | {why} |")
                 continue
             ratio = f"{lat['p50_us'] / base['p50_us']:.2f}x" if base else "n/a"
-            lines.append(f"| {TOPO_LABEL[topo]} | {LABEL[b]} | {lat['p50_us']:.0f} | "
+            lines.append(f"| {TOPO_LABEL[topo]} | {label(b)} | {lat['p50_us']:.0f} | "
                          f"{lat['p90_us']:.0f} | {lat['p99_us']:.0f} | {ratio} |")
     return "\n".join(lines)
 
@@ -217,7 +222,7 @@ def latency_markdown(res: dict, args) -> str:
 def markdown(rows: list[dict], args) -> str:
     head = ["direction", "guest offloads"]
     for b in args.backends:
-        head.append(f"{LABEL[b]} Gbit/s")
+        head.append(f"{label(b)} Gbit/s")
         if b != BASELINE and BASELINE in args.backends:
             head.append(f"{b} / QEMU")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -265,7 +270,8 @@ def parse_args(argv: list[str] | None = None, description: str = __doc__,
     ap = argparse.ArgumentParser(description=" ".join(description.split()), epilog=EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backends", default="gsonet,qemu-tap",
-                    help=f"comma-separated subset of {','.join(BACKENDS)}")
+                    help=f"comma-separated subset of {','.join(BACKENDS)}; gsonet:K=V+K=V "
+                         "is gsonet with port options (e.g. gsonet:tx_poll_us=100)")
     ap.add_argument("--topologies", default="host",
                     help="host (guest<->host), g2g (guest<->guest), comma-separated")
     ap.add_argument("--offloads", choices=sorted(OFFLOADS), default="on",
@@ -281,11 +287,12 @@ def parse_args(argv: list[str] | None = None, description: str = __doc__,
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.set_defaults(**defaults)
     args = ap.parse_args(argv)
-    args.backends = [b for b in args.backends.split(",") if b]
+    # "+" joins the port options of one gsonet variant ("," separates backends)
+    args.backends = [b.replace("+", ",") for b in args.backends.split(",") if b]
     args.topologies = [t for t in args.topologies.split(",") if t]
     for b in args.backends:
-        if b not in BACKENDS:
-            ap.error(f"unknown backend {b}")
+        if not known(b):
+            ap.error(f"unknown backend {b} (one of {', '.join(BACKENDS)}, or gsonet:K=V,...)")
     for t in args.topologies:
         if t not in TOPOLOGIES:
             ap.error(f"unknown topology {t}")

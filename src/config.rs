@@ -157,7 +157,13 @@ pub struct PortConfig {
     pub allow_unsealed_memory: bool,
     /// Mode and group of the socket gsonet listens on (not used in client mode).
     pub access: SocketAccess,
+    /// After a TX batch, keep the guest's kicks off and look at its TX queue again
+    /// this many microseconds later, for as long as each look finds frames (0: off).
+    pub tx_poll_us: u32,
 }
+
+/// Largest `tx_poll_us`: what a frame may wait in a polled queue at most.
+pub const MAX_TX_POLL_US: u32 = 1000;
 
 /// Addresses a port may have learned at once, unless `mac_limit=` says otherwise.
 pub const PORT_MAC_LIMIT: usize = 256;
@@ -258,7 +264,7 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
     /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,socket_mode=0660][,socket_group=GROUP]
@@ -286,6 +292,7 @@ impl PortConfig {
                 mode: SocketAccess::PORT_MODE,
                 group: None,
             },
+            tx_poll_us: 0,
         };
         let mut trunk = None;
         let mut allowed = None;
@@ -310,6 +317,7 @@ impl PortConfig {
                     allowed = Some((v.parse::<VlanSet>().map_err(|e| bad(W, &k, &v, e))?, v))
                 }
                 "allow_unsealed_memory" => c.allow_unsealed_memory = on_off(W, &k, &v)?,
+                "tx_poll_us" => c.tx_poll_us = number(W, &k, &v, 0, MAX_TX_POLL_US)?,
                 "socket_mode" => {
                     c.access.mode = parse_mode(&v).map_err(|e| bad(W, &k, &v, e))?;
                     access_key = Some((k, v));

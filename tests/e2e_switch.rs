@@ -137,6 +137,48 @@ fn kicks_and_calls_are_counted() {
     }
 }
 
+/// With `tx_poll_us`, a sender's kicks stay off while it keeps sending and gsonet
+/// looks at its queue by timer: every frame of a burst arrives, in order, the timer
+/// did the looking, and a frame sent after the queue went idle (kicks back on) still
+/// arrives: no frame is ever left in a ring nobody watches.
+#[test]
+fn tx_polling_delivers_every_frame_and_hands_back_to_kicks() {
+    let mut spec = DaemonSpec::ports(2);
+    spec.ports[1] = "tx_poll_us=300".into();
+    let d = Daemon::start(&spec).expect("start gsonet");
+    let mut a = connect(&d, 0, FEATS_A);
+    let mut b = connect(&d, 1, FEATS_B);
+    let ha = hello(&mut a, a_mac());
+    recv_where(&mut b, T, |f| f.frame == ha).expect("A's hello at B");
+    let sent: Vec<Vec<u8>> = (0..200u16)
+        .map(|i| {
+            let flow = Flow::new(b_mac(), a_mac(), Ips::v4()).ports(7000, 7001);
+            let (h, f) = frames::udp(&flow, &i.to_be_bytes().repeat(100), UdpGso::None);
+            b.send(&h, &f, TxLayout::Single).unwrap();
+            f
+        })
+        .collect();
+    for (i, f) in sent.iter().enumerate() {
+        let got = recv_where(&mut a, T, |x| !is_hello(x))
+            .unwrap_or_else(|| panic!("frame {i} of the burst missing\n{:#}", d.stats().unwrap()));
+        assert!(got.frame == *f, "frame {i} out of order or changed");
+    }
+    let s = d.stats().unwrap();
+    assert!(port_counter(&s, 1, "tx_polls") >= 1, "{s:#}");
+    // Idle long enough for a poll to find nothing and turn kicks back on.
+    std::thread::sleep(Duration::from_millis(50));
+    let flow = Flow::new(b_mac(), a_mac(), Ips::v4()).ports(7000, 7001);
+    let (h, f) = frames::udp(&flow, b"after the pause", UdpGso::None);
+    b.send(&h, &f, TxLayout::Single).unwrap();
+    let got = recv_where(&mut a, T, |x| !is_hello(x)).expect("the frame after the pause");
+    assert!(got.frame == f);
+    assert_eq!(
+        port_counter(&d.stats().unwrap(), 0, "tx_polls"),
+        0,
+        "port 0 does not poll"
+    );
+}
+
 /// A GSO frame from B reaches A (which takes that GSO type) as one frame, byte for
 /// byte, with the header the guest needs.
 fn gso_to_capable_peer(

@@ -22,6 +22,19 @@ TOPOLOGIES = ["host", "g2g"]
 BASELINE = "qemu-tap"
 LABEL = {"gsonet": "gsonet", "qemu-tap": "QEMU virtio-net + tap", "dpdk": "DPDK testpmd vhost"}
 
+
+def label(backend: str) -> str:
+    """A backend's name in tables; "gsonet:OPTS" is gsonet with port options OPTS."""
+    kind, _, opts = backend.partition(":")
+    return f"{LABEL[kind]} ({opts})" if opts else LABEL[kind]
+
+
+def known(backend: str) -> bool:
+    """One of BACKENDS, or "gsonet:K=V[,K=V...]" (gsonet with those port options, so a
+    knob is measured against the defaults in the same run)."""
+    kind, sep, opts = backend.partition(":")
+    return kind in BACKENDS and (not sep or (kind == "gsonet" and "=" in opts))
+
 # testpmd: guest<->host through net_tap with checksum offload and TSO done by the
 # csum engine (1434, not 1448, because net_tap counts the Ethernet header in its MTU
 # check; mac-swap off or nothing arrives). Guest<->guest: io forwarding.
@@ -79,9 +92,10 @@ class Setup:
         n = hostnet.alloc_subnet()
         net = f"10.77.{n}"
         nguests = 1 if self.topo == "host" else 2
-        socks = [str(self.work / f"{self.backend}-{self.topo}-{i}.sock") for i in range(nguests)]
-        if self.backend == "gsonet":
-            netdevs = self._gsonet(socks)
+        kind, _, opts = self.backend.partition(":")
+        socks = [str(self.work / f"{kind}-{self.topo}-{i}.sock") for i in range(nguests)]
+        if kind == "gsonet":
+            netdevs = self._gsonet(socks, opts)
         elif self.backend == "qemu-tap":
             netdevs = self._qemu_tap(nguests)
         elif self.backend == "dpdk":
@@ -92,7 +106,7 @@ class Setup:
             hostnet.set_addr(self._host_link, f"{net}.1/24")
             self.host_ip = f"{net}.1"
         for i, netdev in enumerate(netdevs):
-            g = Guest(f"bench-{self.backend}{i}", netdev, ip=f"{net}.{i + 2}/24",
+            g = Guest(f"bench-{kind}{i}", netdev, ip=f"{net}.{i + 2}/24",
                       log_dir=self.logs)
             self._cleanup.append(g.shutdown)
             self.guests.append(g)
@@ -108,13 +122,13 @@ class Setup:
         if rc != 0:
             raise HarnessError(f"guest cannot reach {peer}: {out.strip()[-200:]}")
 
-    def _gsonet(self, socks: list[str]) -> list[list[str]]:
+    def _gsonet(self, socks: list[str], opts: str = "") -> list[list[str]]:
         uplinks = []
         if self.topo == "host":
             self._host_link = hostnet.unique_name("bg")
             uplinks = [f"tap={self._host_link}"]
             self._cleanup.append(lambda: hostnet.delete_link(self._host_link))
-        gs = Gsonet([f"socket={s}" for s in socks], uplinks,
+        gs = Gsonet([f"socket={s}" + (f",{opts}" if opts else "") for s in socks], uplinks,
                     workdir=self.work / f"gsonet-{self.topo}", name=f"bench-{self.topo}",
                     log_dir=self.logs)
         self._cleanup.append(gs.stop)

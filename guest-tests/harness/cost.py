@@ -1,5 +1,6 @@
 """What moving bytes costs, read around one measurement: each guest's virtio-net
-interrupts (its /proc/interrupts), kicks (``ethtool -S``) and bytes (/proc/net/dev);
+interrupts (its /proc/interrupts), kicks (``ethtool -S``), bytes (/proc/net/dev) and
+its own account of its vCPU time (/proc/stat: user, system, irq, softirq, idle);
 gsonet's kick wake-ups and calls per port; CPU seconds of gsonet and of each QEMU
 process (/proc/PID/stat). ``per_gb`` divides the differences by the GB moved."""
 
@@ -63,11 +64,25 @@ def parse_net_dev(text: str, dev: str = "eth0") -> dict[str, int]:
     return {"rx_bytes": 0, "tx_bytes": 0}
 
 
+# /proc/stat's cpu line, in the kernel's order (guest and guest_nice are inside user)
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def parse_proc_stat(text: str) -> dict[str, int]:
+    """The guest's own account of its vCPU time, in USER_HZ ticks (the "cpu" line)."""
+    for line in text.splitlines():
+        f = line.split()
+        if f and f[0] == "cpu":
+            return dict(zip(STAT_FIELDS, map(int, f[1:9])))
+    return dict.fromkeys(STAT_FIELDS, 0)
+
+
 def guest_counters(g: Guest) -> dict:
-    out = g.run_ok("cat /proc/interrupts; echo @@; ethtool -S eth0; echo @@; cat /proc/net/dev")
-    irq, kicks, dev = (out.split("@@") + ["", ""])[:3]
+    out = g.run_ok("cat /proc/interrupts; echo @@; ethtool -S eth0; echo @@; cat /proc/net/dev;"
+                   " echo @@; cat /proc/stat")
+    irq, kicks, dev, stat = (out.split("@@") + ["", "", ""])[:4]
     return {"irq": parse_interrupts(irq), "kicks": parse_ethtool_kicks(kicks),
-            "bytes": parse_net_dev(dev)}
+            "bytes": parse_net_dev(dev), "stat": parse_proc_stat(stat)}
 
 
 def gsonet_counters(gs) -> dict[str, int]:
@@ -112,7 +127,12 @@ def per_gb(a: Snapshot, b: Snapshot) -> dict:
         d = {f"irq_{k}": (gbb["irq"][k] - ga["irq"][k]) / gb_moved for k in ga["irq"]}
         d.update({f"kicks_{k}": (gbb["kicks"][k] - ga["kicks"][k]) / gb_moved
                   for k in ga["kicks"]})
-        res["guests"].append({k: round(v, 1) for k, v in d.items()})
+        # where the guest's vCPU went, in seconds per GB (USER_HZ is 100 in the guest)
+        ticks = {k: gbb["stat"][k] - ga["stat"][k] for k in STAT_FIELDS}
+        d.update({f"cpu_{k}": ticks[k] / 100 / gb_moved
+                  for k in ("user", "system", "irq", "softirq", "idle")})
+        res["guests"].append({k: round(v, 3 if k.startswith("cpu_") else 1)
+                              for k, v in d.items()})
     if a.gsonet is not None and b.gsonet is not None:
         res["gsonet"] = {k: round((b.gsonet[k] - a.gsonet[k]) / gb_moved, 1)
                          for k in GSONET_KEYS}

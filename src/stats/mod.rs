@@ -39,6 +39,8 @@ pub struct Counters {
     pub rx_kicks: AtomicU64,
     pub tx_calls: AtomicU64,
     pub rx_calls: AtomicU64,
+    /// Looks at the TX queue by the `tx_poll_us` timer, kicks being off.
+    pub tx_polls: AtomicU64,
     drops: DropCounters,
 }
 
@@ -77,6 +79,8 @@ pub struct Snapshot {
     pub tx_calls: u64,
     #[serde(default)]
     pub rx_calls: u64,
+    #[serde(default)]
+    pub tx_polls: u64,
     /// Non-zero drop counters by `DropReason::name`.
     pub drops: BTreeMap<String, u64>,
 }
@@ -149,6 +153,7 @@ impl Counters {
             rx_kicks: g(&self.rx_kicks),
             tx_calls: g(&self.tx_calls),
             rx_calls: g(&self.rx_calls),
+            tx_polls: g(&self.tx_polls),
             drops: DropReason::ALL
                 .iter()
                 .map(|&r| (r.name().to_string(), self.drops(r)))

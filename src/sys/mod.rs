@@ -1,7 +1,7 @@
 //! The kernel boundary: every syscall and ioctl gsonet makes, behind safe, typed functions:
 //! tap queues (`tun`), AF_PACKET sockets (`packet`), interfaces (`netdev`), fds (`io`, `scm`,
 //! and `fd` for what a descriptor from another process is), Unix listening sockets
-//! (`sock`), socket peers and groups (`cred`).
+//! (`sock`), socket peers and groups (`cred`), epoll timers (`timer`).
 
 // The one room allowed to call into libc; every block states its invariant.
 #![allow(unsafe_code)]
@@ -13,6 +13,7 @@ pub mod netdev;
 pub mod packet;
 pub mod scm;
 pub mod sock;
+pub mod timer;
 pub mod tun;
 
 use std::io::Error;

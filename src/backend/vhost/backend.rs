@@ -3,13 +3,14 @@
 //! hands TX kicks to the TX loop and RX kicks to the switch.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tracing::info;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost_user_backend::VhostUserBackend;
+use vhost_user_backend::{VhostUserBackend, VringT};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -17,9 +18,10 @@ use vmm_sys_util::event::{
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::port::{Mem, Port, Vring};
-use super::tx::{self, TxWorker};
+use super::tx::{self, DrainEnd, TxWorker};
 use crate::backend::switch::Switch;
 use crate::features::Negotiated;
+use crate::sys::timer::OneShotTimer;
 
 /// The `VhostUserBackend` of one port.
 #[derive(Clone)]
@@ -32,6 +34,9 @@ pub struct PortBackend {
     /// One per worker: signalled once at start so each worker hands its vrings to the
     /// port before the guest kicks anything (see `introduce_workers`).
     hellos: Arc<Vec<EventFd>>,
+    /// One per worker: when `tx_poll_us` is set, the timer that looks at its TX queue
+    /// again while the guest's kicks are off.
+    polls: Arc<Vec<OneShotTimer>>,
 }
 
 /// The protocol features offered (the vhost crate adds REPLY_ACK itself). The relay
@@ -42,6 +47,11 @@ pub const PROTOCOL_FEATURES: VhostUserProtocolFeatures =
 /// Listener id of the start-up event, past the queue and exit ids.
 fn hello_id(queue_pairs: usize) -> u64 {
     queue_pairs as u64 * 2 + 1
+}
+
+/// Listener id of the TX poll timer.
+fn poll_id(queue_pairs: usize) -> u64 {
+    hello_id(queue_pairs) + 1
 }
 
 impl PortBackend {
@@ -55,12 +65,16 @@ impl PortBackend {
         let workers = (0..port.queue_pairs())
             .map(|_| Mutex::new(TxWorker::default()))
             .collect();
+        let polls = (0..port.queue_pairs())
+            .map(|_| OneShotTimer::new())
+            .collect::<io::Result<Vec<_>>>()?;
         Ok(PortBackend {
             port,
             switch,
             exits: Arc::new(exits),
             workers: Arc::new(workers),
             hellos: Arc::new(hellos),
+            polls: Arc::new(polls),
         })
     }
 
@@ -77,11 +91,37 @@ impl PortBackend {
         T: VhostUserBackend,
     {
         let id = hello_id(self.port.queue_pairs());
-        for (h, fd) in handlers.iter().zip(self.hellos.iter()) {
+        let poll = poll_id(self.port.queue_pairs());
+        for ((h, fd), timer) in handlers
+            .iter()
+            .zip(self.hellos.iter())
+            .zip(self.polls.iter())
+        {
+            h.register_listener(timer.as_fd().as_raw_fd(), EventSet::IN, poll)?;
             h.register_listener(fd.as_raw_fd(), EventSet::IN, id)?;
             fd.write(1)?;
         }
         Ok(())
+    }
+
+    /// Drains TX queue `pair`; when the drain leaves the guest's kicks off, arms the
+    /// pair's poll timer so the queue is looked at again after `tx_poll_us`.
+    fn drain_tx(&self, pair: usize, txq: &Vring) {
+        let Some(w) = self.workers.get(pair) else {
+            return;
+        };
+        let us = self.port.cfg.tx_poll_us;
+        let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+        let end = tx::drain(&self.port, &self.switch, pair, txq, &mut w, us > 0);
+        if end == DrainEnd::Poll {
+            if let Some(timer) = self.polls.get(pair) {
+                let after = Duration::from_micros(u64::from(us));
+                if timer.arm(after).is_err() {
+                    // Without the timer nothing would look at the queue again.
+                    let _ = txq.enable_notification();
+                }
+            }
+        }
     }
 }
 
@@ -171,9 +211,19 @@ impl VhostUserBackend for PortBackend {
             }
             1 => {
                 self.port.stats.tx_kicks.fetch_add(1, Relaxed);
-                if let (Some(txq), Some(w)) = (vrings.get(1), self.workers.get(pair)) {
-                    let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
-                    tx::drain(&self.port, &self.switch, pair, txq, &mut w);
+                if let Some(txq) = vrings.get(1) {
+                    self.drain_tx(pair, txq);
+                }
+                Ok(())
+            }
+            e if e as u64 == poll_id(self.port.queue_pairs()) => {
+                if let Some(timer) = self.polls.get(pair) {
+                    // Consume the expiry (non-blocking: a kick may have re-armed it).
+                    timer.clear();
+                }
+                self.port.stats.tx_polls.fetch_add(1, Relaxed);
+                if let Some(txq) = vrings.get(1) {
+                    self.drain_tx(pair, txq);
                 }
                 Ok(())
             }

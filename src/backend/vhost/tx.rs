@@ -64,21 +64,42 @@ fn ring_state(txq: &Vring, mem: &GuestMem) -> RingState {
     }
 }
 
-/// Drains the TX queue of `pair`: every chain becomes a frame for the switch.
-pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxWorker) {
+/// How a drain left the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainEnd {
+    /// The guest's kicks are on (or the queue is not running): the next kick wakes us.
+    Kicks,
+    /// Polling: the drain found frames and left the guest's kicks off, so the caller
+    /// must look again after the port's `tx_poll_us`.
+    Poll,
+}
+
+/// Drains the TX queue of `pair`: every chain becomes a frame for the switch. With
+/// `poll`, a drain that found frames leaves the guest's kicks off (a guest adding
+/// frames meanwhile does not have to notify) and returns `DrainEnd::Poll`; one that
+/// found none turns them back on, so an idle queue costs nothing.
+pub fn drain(
+    port: &Port,
+    switch: &Switch,
+    pair: usize,
+    txq: &Vring,
+    w: &mut TxWorker,
+    poll: bool,
+) -> DrainEnd {
     let Some(mem) = port.memory() else {
-        return;
+        return DrainEnd::Kicks;
     };
     let neg = port.negotiated().unwrap_or_default();
     let TxWorker { buf, ctx } = w;
+    let mut popped = 0;
     loop {
         let _ = txq.disable_notification();
         match ring_state(txq, &mem) {
-            RingState::Stopped => break,
+            RingState::Stopped => return DrainEnd::Kicks,
             RingState::Broken => {
                 // Counted once per kick; the queue is not touched until it makes sense.
                 port.stats.drop(DropReason::TxRingBroken);
-                break;
+                return DrainEnd::Kicks;
             }
             RingState::InRange => {}
         }
@@ -120,12 +141,16 @@ pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxW
             let _ = txq.signal_used_queue();
         }
         ctx.flush();
+        popped += done;
         if done == TX_BATCH {
             continue;
         }
+        if poll && popped > 0 {
+            return DrainEnd::Poll;
+        }
         match txq.enable_notification() {
             Ok(true) => continue, // more arrived while notifications were off
-            _ => break,
+            _ => return DrainEnd::Kicks,
         }
     }
 }
