@@ -160,10 +160,18 @@ pub struct PortConfig {
     /// After a TX batch, keep the guest's kicks off and look at its TX queue again
     /// this many microseconds later, for as long as each look finds frames (0: off).
     pub tx_poll_us: u32,
+    /// RX interrupt moderation (`ethtool -C rx-usecs rx-frames`): a frame is announced
+    /// to the guest at most this many µs after it was written (0: at once) ...
+    pub rx_coalesce_usecs: u32,
+    /// ... or at once when this many frames wait (0: no count; needs usecs).
+    pub rx_coalesce_frames: u32,
 }
 
 /// Largest `tx_poll_us`: what a frame may wait in a polled queue at most.
 pub const MAX_TX_POLL_US: u32 = 1000;
+/// Largest `rx_coalesce_usecs` and `rx_coalesce_frames`.
+pub const MAX_RX_COALESCE_USECS: u32 = 10_000;
+pub const MAX_RX_COALESCE_FRAMES: u32 = 1024;
 
 /// Addresses a port may have learned at once, unless `mac_limit=` says otherwise.
 pub const PORT_MAC_LIMIT: usize = 256;
@@ -264,7 +272,7 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, rx_coalesce_usecs, rx_coalesce_frames, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
     /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,socket_mode=0660][,socket_group=GROUP]
@@ -293,6 +301,8 @@ impl PortConfig {
                 group: None,
             },
             tx_poll_us: 0,
+            rx_coalesce_usecs: 0,
+            rx_coalesce_frames: 0,
         };
         let mut trunk = None;
         let mut allowed = None;
@@ -318,6 +328,12 @@ impl PortConfig {
                 }
                 "allow_unsealed_memory" => c.allow_unsealed_memory = on_off(W, &k, &v)?,
                 "tx_poll_us" => c.tx_poll_us = number(W, &k, &v, 0, MAX_TX_POLL_US)?,
+                "rx_coalesce_usecs" => {
+                    c.rx_coalesce_usecs = number(W, &k, &v, 0, MAX_RX_COALESCE_USECS)?
+                }
+                "rx_coalesce_frames" => {
+                    c.rx_coalesce_frames = number(W, &k, &v, 0, MAX_RX_COALESCE_FRAMES)?
+                }
                 "socket_mode" => {
                     c.access.mode = parse_mode(&v).map_err(|e| bad(W, &k, &v, e))?;
                     access_key = Some((k, v));

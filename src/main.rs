@@ -58,8 +58,9 @@ Logging: RUST_LOG=gsonet=debug")]
         /// port:N|SOCKET or uplink:N|NAME
         target: String,
         /// KEY=VALUE settings: ports take the offload switches (=on|off, applied to the
-        /// next frontend connection, e.g. when its QEMU restarts) and max_burst=N|off
-        /// (at once); uplinks take gso=pass|software and max_burst (at once).
+        /// next frontend connection, e.g. when its QEMU restarts), max_burst=N|off,
+        /// rx_coalesce_usecs=N and rx_coalesce_frames=N (at once); uplinks take
+        /// gso=pass|software and max_burst (at once).
         #[arg(required = true)]
         settings: Vec<String>,
     },
@@ -96,6 +97,10 @@ struct ServeArgs {
     /// tx_poll_us=N (0..1000, default 0: off): after a TX batch, leave the guest's kicks
     /// off and look at its TX queue again N µs later (a timer), while each look finds
     /// frames; fewer kicks for a streaming guest, up to N µs more for its frames.
+    /// rx_coalesce_usecs=N (0..10000, default 0: off) and rx_coalesce_frames=N
+    /// (0..1024): RX interrupt moderation as `ethtool -C rx-usecs/rx-frames` means it: a
+    /// frame is announced to the guest at most N µs after it was written, or at once
+    /// when rx_coalesce_frames wait. Also set at runtime with `gsonet ctl`.
     /// socket_mode=MODE (octal, default 0660) and socket_group=GROUP (a name or a gid,
     /// default gsonet's own) say who may connect to PATH, i.e. become this port's
     /// frontend; directories gsonet creates for it get 0750 and the same group. Only a

@@ -179,6 +179,50 @@ fn tx_polling_delivers_every_frame_and_hands_back_to_kicks() {
     );
 }
 
+/// RX interrupt moderation: with `rx_coalesce_frames=4`, a batch of 10 frames is
+/// announced at the 4th and 8th and the last two by the `rx_coalesce_usecs` timer.
+/// The test frontend sleeps on its call fd, so a frame never announced is caught as
+/// missing. `gsonet ctl` changes the settings at once and refuses values past the cap.
+#[test]
+fn rx_coalescing_announces_every_frame_and_is_set_at_runtime() {
+    let mut spec = DaemonSpec::ports(2);
+    spec.ports[0] = "rx_coalesce_usecs=5000,rx_coalesce_frames=4".into();
+    let d = Daemon::start(&spec).expect("start gsonet");
+    let mut a = connect(&d, 0, FEATS_A);
+    let mut b = connect(&d, 1, FEATS_B);
+    let hb = hello(&mut b, b_mac());
+    recv_where(&mut a, T, |f| f.frame == hb).expect("B's hello at A");
+    let ha = hello(&mut a, a_mac());
+    recv_where(&mut b, T, |f| f.frame == ha).expect("A's hello at B");
+    let flow = Flow::new(b_mac(), a_mac(), Ips::v4()).ports(7100, 7101);
+    let send = |b: &mut TestFrontend, i: u8| {
+        let (h, f) = frames::udp(&flow, &[i; 64], UdpGso::None);
+        b.send(&h, &f, TxLayout::Single).unwrap();
+        f
+    };
+    let sent: Vec<_> = (0..10).map(|i| send(&mut b, i)).collect();
+    for (i, f) in sent.iter().enumerate() {
+        let got = recv_where(&mut a, T, |x| !is_hello(x))
+            .unwrap_or_else(|| panic!("frame {i} never announced\n{:#}", d.stats().unwrap()));
+        assert!(got.frame == *f, "frame {i} changed or out of order");
+    }
+
+    let o = ctl(&d, &["port:0", "rx_coalesce_usecs=0"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("\"rx_coalesce_usecs\": 0"), "{out}");
+    assert!(out.contains("\"rx_coalesce_frames\": 4"), "{out}");
+    let f = send(&mut b, 99);
+    assert!(
+        recv_where(&mut a, T, |x| !is_hello(x))
+            .expect("frame after ctl")
+            .frame
+            == f
+    );
+    let o = ctl(&d, &["port:0", "rx_coalesce_usecs=10001"]);
+    assert!(!o.status.success(), "past the cap accepted");
+}
+
 /// A GSO frame from B reaches A (which takes that GSO type) as one frame, byte for
 /// byte, with the header the guest needs.
 fn gso_to_capable_peer(

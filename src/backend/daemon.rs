@@ -53,6 +53,8 @@ pub enum DaemonError {
     Control { path: String, err: io::Error },
     #[error("cannot start thread: {0}")]
     Thread(io::Error),
+    #[error("cannot create a port's timers: {0}")]
+    Timer(io::Error),
 }
 
 /// The gid a socket's `group` names; an unknown name is a configuration error.
@@ -298,8 +300,9 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         .ports
         .iter()
         .enumerate()
-        .map(|(i, p)| Arc::new(Port::new(i, p.clone())))
-        .collect();
+        .map(|(i, p)| Port::new(i, p.clone()).map(Arc::new))
+        .collect::<io::Result<_>>()
+        .map_err(DaemonError::Timer)?;
     let most_pairs = cfg.ports.iter().map(|p| p.queues).max().unwrap_or(1);
     let mut taps = Vec::new();
     let mut packets = Vec::new();

@@ -41,6 +41,11 @@ pub enum Applied {
         /// The feature word offered to the next frontend, in hex.
         offer: String,
         max_burst: Option<usize>,
+        /// RX interrupt moderation now in force (0: off).
+        #[serde(default)]
+        rx_coalesce_usecs: u32,
+        #[serde(default)]
+        rx_coalesce_frames: u32,
         note: String,
     },
     Uplink {

@@ -16,7 +16,7 @@ use super::protocol::{Applied, PortReport, Reply, Request, StatsReport, UplinkRe
 use crate::backend::ratelimit::LogLimit;
 use crate::backend::uplink::Uplink;
 use crate::backend::vhost::port::Port;
-use crate::config::{parse_max_burst, parse_on_off};
+use crate::config::{parse_max_burst, parse_on_off, MAX_RX_COALESCE_FRAMES, MAX_RX_COALESCE_USECS};
 
 /// Everything the control socket reports on and changes.
 pub struct Registry {
@@ -60,6 +60,14 @@ pub fn report(r: &Registry) -> StatsReport {
 
 const TARGETS: &str = "target is port:N|SOCKET or uplink:N|NAME";
 
+/// A number in 0..=`max` for setting `k`.
+fn bounded(k: &str, v: &str, max: u32) -> Result<u32, String> {
+    v.parse::<u32>()
+        .ok()
+        .filter(|&n| n <= max)
+        .ok_or_else(|| format!("{k}={v}: expected a number from 0 to {max}"))
+}
+
 fn apply(r: &Registry, target: &str, settings: &[(String, String)]) -> Result<Applied, String> {
     let (kind, which) = target.split_once(':').ok_or(TARGETS)?;
     match kind {
@@ -75,9 +83,14 @@ fn apply(r: &Registry, target: &str, settings: &[(String, String)]) -> Result<Ap
                 .ok_or_else(|| format!("no port {which}"))?;
             let mut mask = p.mask();
             let mut burst = p.max_burst();
+            let (mut usecs, mut frames) = p.rx_coalesce.settings();
             for (k, v) in settings {
                 if k == "max_burst" {
                     burst = parse_max_burst(v).map_err(|e| format!("max_burst={v}: {e}"))?;
+                } else if k == "rx_coalesce_usecs" {
+                    usecs = bounded(k, v, MAX_RX_COALESCE_USECS)?;
+                } else if k == "rx_coalesce_frames" {
+                    frames = bounded(k, v, MAX_RX_COALESCE_FRAMES)?;
                 } else {
                     let on = parse_on_off(v).map_err(|e| format!("{k}={v}: {e}"))?;
                     if !mask.set(k, on) {
@@ -87,10 +100,13 @@ fn apply(r: &Registry, target: &str, settings: &[(String, String)]) -> Result<Ap
             }
             p.set_mask(mask);
             p.set_max_burst(burst);
+            p.rx_coalesce.set(usecs, frames);
             Ok(Applied::Port {
                 port: p.name(),
                 offer: format!("{:#x}", p.offered()),
                 max_burst: burst,
+                rx_coalesce_usecs: usecs,
+                rx_coalesce_frames: frames,
                 note: "offload changes apply to the next frontend connection (QEMU reads a \
                        backend's features once per connection)"
                     .into(),

@@ -54,6 +54,11 @@ fn poll_id(queue_pairs: usize) -> u64 {
     hello_id(queue_pairs) + 1
 }
 
+/// Listener id of the RX coalescing timer.
+fn rx_coalesce_id(queue_pairs: usize) -> u64 {
+    hello_id(queue_pairs) + 2
+}
+
 impl PortBackend {
     pub fn new(port: Arc<Port>, switch: Arc<Switch>) -> io::Result<PortBackend> {
         let exits = (0..port.queue_pairs())
@@ -214,6 +219,10 @@ impl VhostUserBackend for PortBackend {
                 if let Some(txq) = vrings.get(1) {
                     self.drain_tx(pair, txq);
                 }
+                Ok(())
+            }
+            e if e as u64 == rx_coalesce_id(self.port.queue_pairs()) => {
+                self.port.rx_coalesce_fired(pair);
                 Ok(())
             }
             e if e as u64 == poll_id(self.port.queue_pairs()) => {

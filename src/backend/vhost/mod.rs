@@ -3,6 +3,7 @@
 //! `VhostUserBackend` shell and the TX loop.
 
 pub mod backend;
+pub mod coalesce;
 pub mod firewall;
 pub mod port;
 pub mod relay;

@@ -9,6 +9,7 @@ use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 
+use super::coalesce::{Announce, RxCoalesce};
 use crate::backend::ratelimit::{LogLimit, TokenBucket};
 use crate::backend::switch::backpressure::StallClock;
 use crate::backend::switch::deliver::Destination;
@@ -58,13 +59,15 @@ pub struct Port {
     pub log: LogLimit,
     /// Runtime `max_burst` (0: none), changed with `gsonet ctl`.
     max_burst: AtomicUsize,
+    /// RX interrupt moderation, changed with `gsonet ctl`.
+    pub rx_coalesce: RxCoalesce,
     pub stats: Counters,
 }
 
 impl Port {
-    pub fn new(id: usize, cfg: PortConfig) -> Port {
+    pub fn new(id: usize, cfg: PortConfig) -> std::io::Result<Port> {
         let pairs = cfg.queues as usize;
-        Port {
+        Ok(Port {
             id,
             offer: RwLock::new((cfg.mask, features::offer(&cfg.mask, cfg.queues))),
             negotiated: RwLock::new(None),
@@ -75,9 +78,10 @@ impl Port {
             stall: StallClock::default(),
             segment_budget: TokenBucket::new(SEGMENTS_PER_SEC, SEGMENTS_BURST),
             log: LogLimit::default(),
+            rx_coalesce: RxCoalesce::new(pairs, cfg.rx_coalesce_usecs, cfg.rx_coalesce_frames)?,
             stats: Counters::default(),
             cfg,
-        }
+        })
     }
 
     pub fn max_burst(&self) -> Option<usize> {
@@ -217,7 +221,10 @@ impl Port {
             let _ = state.enable_notification();
         }
         match r {
-            Ok(_) => self.stall.room(),
+            Ok(_) => {
+                self.rx_coalesce.frame(pair);
+                self.stall.room()
+            }
             Err(RxError::NoBuffers) => self.stall.full(),
             Err(_) => {}
         }
@@ -227,6 +234,13 @@ impl Port {
     /// The guest added RX buffers.
     pub fn rx_refilled(&self) {
         self.stall.room();
+    }
+
+    /// The RX coalescing timer of queue `pair` fired (in the port's own worker):
+    /// announce what waits.
+    pub fn rx_coalesce_fired(&self, pair: usize) {
+        self.rx_coalesce.fired(pair);
+        self.signal_rx_queue(pair);
     }
 
     /// Signals the guest for RX queue `pair` if the ring says it wants it.
@@ -310,6 +324,9 @@ impl SwitchPort for Port {
     }
 
     fn signal_rx(&self, queue: usize) {
-        self.signal_rx_queue(queue);
+        let pair = queue % self.rx.len();
+        if self.rx_coalesce.batch_done(pair) == Announce::Now {
+            self.signal_rx_queue(pair);
+        }
     }
 }

@@ -292,10 +292,7 @@ mod tests {
     const REPLY_ACK: u64 = 1 << 3;
 
     fn port(opts: &str) -> Arc<Port> {
-        Arc::new(Port::new(
-            0,
-            PortConfig::parse(&format!("socket=/t{opts}")).unwrap(),
-        ))
+        Arc::new(Port::new(0, PortConfig::parse(&format!("socket=/t{opts}")).unwrap()).unwrap())
     }
 
     /// A relay for `port`: (the frontend's end, the handler's end).
