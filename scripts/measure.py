@@ -22,8 +22,9 @@ sys.path.insert(0, str(ROOT / "guest-tests"))
 from harness import paths  # noqa: E402
 from harness.backends import BACKENDS, BASELINE, TOPOLOGIES, Setup, known, label  # noqa: E402
 
-CASES = {"host": ["g2h", "h2g"], "g2g": ["g2g"]}
-CASE_LABEL = {"g2h": "guest->host", "h2g": "host->guest", "g2g": "guest->guest"}
+CASES = {"host": ["g2h", "h2g"], "g2g": ["g2g"], "g2g-soft": ["g2g-soft"]}
+CASE_LABEL = {"g2h": "guest->host", "h2g": "host->guest", "g2g": "guest->guest",
+              "g2g-soft": "guest->guest, receiver without guest TSO"}
 OFFLOADS = {"on": [True], "off": [False], "both": [True, False]}
 
 EPILOG = """\
@@ -36,6 +37,12 @@ Topologies and backends:
     gsonet     gsonet serve --port socket=S0 --port socket=S1
     qemu-tap   two -netdev tap on a Linux bridge
     dpdk       dpdk-testpmd with two net_vhost ports, io forwarding
+  g2g-soft (guest->guest, the receiver's device with guest_tso4=off,guest_tso6=off):
+    the same set-ups; the sender's TSO frames are segmented by gsonet, by the kernel
+    (bridge to a tap whose guest takes no TSO) or by testpmd
+
+gsonet:K=V+K=V is gsonet with those port options, measured next to the defaults in
+the same run (e.g. --backends gsonet,gsonet:tx_poll_us=200,qemu-tap).
 
 Offloads: "on" is the guests' default, "off" `ethtool -K eth0 tso off gso off` in every
 guest. Rounds are interleaved (A B C A B C ...): round r sets up and measures every
@@ -196,7 +203,8 @@ def cost_markdown(rows: list[dict], args) -> str:
     return "\n".join(lines)
 
 
-TOPO_LABEL = {"host": "guest<->host", "g2g": "guest<->guest"}
+TOPO_LABEL = {"host": "guest<->host", "g2g": "guest<->guest",
+              "g2g-soft": "guest<->guest, receiver without guest TSO"}
 
 
 def latency_markdown(res: dict, args) -> str:
@@ -273,7 +281,8 @@ def parse_args(argv: list[str] | None = None, description: str = __doc__,
                     help=f"comma-separated subset of {','.join(BACKENDS)}; gsonet:K=V+K=V "
                          "is gsonet with port options (e.g. gsonet:tx_poll_us=100)")
     ap.add_argument("--topologies", default="host",
-                    help="host (guest<->host), g2g (guest<->guest), comma-separated")
+                    help="host (guest<->host), g2g (guest<->guest), g2g-soft (receiver "
+                         "without guest TSO), comma-separated")
     ap.add_argument("--offloads", choices=sorted(OFFLOADS), default="on",
                     help="guest TSO/GSO on, off, or both in turn")
     ap.add_argument("--seconds", type=float, default=3, help="per iperf3 run")

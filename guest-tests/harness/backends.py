@@ -18,7 +18,11 @@ from .qemu import tap_netdev, vhost_user_netdev
 from .testpmd import TestPmd
 
 BACKENDS = ["gsonet", "qemu-tap", "dpdk"]
-TOPOLOGIES = ["host", "g2g"]
+TOPOLOGIES = ["host", "g2g", "g2g-soft"]
+# g2g-soft: guest->guest with the receiver's device lacking guest TSO (QEMU's
+# guest_tso4/6=off on it, for every backend), so the sender's TSO frames are segmented
+# on the way: by gsonet, or by the kernel (bridge to a tap without TSO).
+NO_GUEST_TSO = {"guest_tso4": "off", "guest_tso6": "off"}
 BASELINE = "qemu-tap"
 LABEL = {"gsonet": "gsonet", "qemu-tap": "QEMU virtio-net + tap", "dpdk": "DPDK testpmd vhost"}
 
@@ -106,7 +110,8 @@ class Setup:
             hostnet.set_addr(self._host_link, f"{net}.1/24")
             self.host_ip = f"{net}.1"
         for i, netdev in enumerate(netdevs):
-            g = Guest(f"bench-{kind}{i}", netdev, ip=f"{net}.{i + 2}/24",
+            props = NO_GUEST_TSO if self.topo == "g2g-soft" and i == 1 else None
+            g = Guest(f"bench-{kind}{i}", netdev, props, ip=f"{net}.{i + 2}/24",
                       log_dir=self.logs)
             self._cleanup.append(g.shutdown)
             self.guests.append(g)
@@ -181,10 +186,10 @@ class Setup:
 
     def measure(self, case: str, seconds: float) -> tuple[float, dict]:
         """Gbit/s of one iperf3 run: "g2h", "h2g" (server in the guest; -R makes the
-        guest the sender) or "g2g" (guest 0 sends to guest 1); and what it cost per GB
+        guest the sender) or "g2g"/"g2g-soft" (guest 0 sends to guest 1); and what it cost per GB
         (harness.cost.per_gb: guest interrupts and kicks, gsonet's kicks and calls,
         CPU seconds)."""
-        if case == "g2g":
+        if case in ("g2g", "g2g-soft"):
             a, b = self.guests
             iperf3_guest_server(b)
             before = cost.Snapshot.take(self.guests, self.gsonet)
@@ -207,7 +212,7 @@ class Setup:
             raise HarnessError(f"{server.name}: tcp_rr server did not start")
         ip = self.guest_ips[-1]
         try:
-            if self.topo == "g2g":
+            if self.topo != "host":
                 out = self.guests[0].run_ok(f"tcp_rr -c {ip} -p {port} -n {round_trips}",
                                             timeout=120)
             else:
