@@ -3,6 +3,7 @@
 
 pub mod frames;
 pub mod fuzz;
+pub mod fuzz_relay;
 pub mod fuzz_ring;
 pub mod fuzz_switch;
 pub mod fuzz_vlan;

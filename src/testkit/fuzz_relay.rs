@@ -1,0 +1,263 @@
+//! Fuzz entry for the control-plane firewall the relay applies to every vhost-user
+//! message (`backend::vhost::firewall`): any offer, then any sequence of headers,
+//! payloads and descriptor counts. What must hold whatever a frontend sends:
+//! - a header `Firewall::header` refuses is never admitted, and nothing admitted is
+//!   larger than MAX_PAYLOAD or carries more than MAX_FDS descriptors;
+//! - only the requests the spec lists for a backend like gsonet are admitted, with
+//!   version 1 flags and no REPLY bit, and only when the protocol feature they need
+//!   was both offered and acked;
+//! - the protocol features in force never exceed the offer, and an admitted
+//!   SET_PROTOCOL_FEATURES goes on carrying only offered bits;
+//! - every ring index admitted is below the port's queue count, and the early
+//!   SET_VRING_ENABLE table never holds more than one entry per queue;
+//! - memory checks name exactly one region per descriptor, none empty or wrapping, and
+//!   regions mapped through ADD_MEM_REG never exceed MAX_MEM_SLOTS.
+//!
+//! Input layout: 1 byte queue count (b % 32 + 1) | 8 bytes offered protocol features
+//! (LE) | messages: 1 byte request | 1 byte flags | 2 bytes payload size (LE, mod
+//! 600) | 1 byte: descriptor count (low nibble, mod 10), bit 4 "payload one byte
+//! shorter than the header says" | the payload bytes (zero-padded at the end).
+
+use crate::backend::vhost::firewall::{
+    proto, req, FdCheck, Firewall, Header, Policy, Verdict, FLAG_REPLY, FLAG_VERSION, MAX_FDS,
+    MAX_MEM_SLOTS, MAX_PAYLOAD,
+};
+
+/// One message of an input (for seed corpora).
+pub struct Msg {
+    pub request: u8,
+    pub flags: u8,
+    pub payload: Vec<u8>,
+    pub fds: u8,
+}
+
+/// Encodes a fuzz input.
+pub fn encode(queues: u8, offered: u64, msgs: &[Msg]) -> Vec<u8> {
+    let mut v = vec![queues.wrapping_sub(1)];
+    v.extend_from_slice(&offered.to_le_bytes());
+    for m in msgs {
+        v.extend_from_slice(&[m.request, m.flags]);
+        v.extend_from_slice(&(m.payload.len() as u16).to_le_bytes());
+        v.push(m.fds & 0x0f);
+        v.extend_from_slice(&m.payload);
+    }
+    v
+}
+
+/// Requests gsonet admits at all, with the protocol feature each needs (0: none).
+fn needs(request: u32) -> Option<u64> {
+    match request {
+        req::GET_FEATURES
+        | req::SET_FEATURES
+        | req::SET_OWNER
+        | req::RESET_OWNER
+        | req::SET_MEM_TABLE
+        | req::SET_VRING_NUM
+        | req::SET_VRING_ADDR
+        | req::SET_VRING_BASE
+        | req::GET_VRING_BASE
+        | req::SET_VRING_KICK
+        | req::SET_VRING_CALL
+        | req::SET_VRING_ERR
+        | req::GET_PROTOCOL_FEATURES
+        | req::SET_PROTOCOL_FEATURES
+        | req::SET_VRING_ENABLE => Some(0),
+        req::GET_QUEUE_NUM => Some(proto::MQ),
+        req::GET_MAX_MEM_SLOTS | req::ADD_MEM_REG | req::REM_MEM_REG => {
+            Some(proto::CONFIGURE_MEM_SLOTS)
+        }
+        _ => None,
+    }
+}
+
+fn u32_at(p: &[u8], i: usize) -> u32 {
+    p.get(i..i + 4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .unwrap_or(u32::MAX)
+}
+
+/// Runs one input; panics when an invariant above breaks.
+pub fn fuzz_one(data: &[u8]) {
+    if data.len() < 9 {
+        return;
+    }
+    let policy = Policy {
+        queues: u32::from(data[0] % 32) + 1,
+        protocol_features: u64::from_le_bytes(data[1..9].try_into().unwrap()),
+    };
+    let mut fw = Firewall::new(policy);
+    // ADD_MEM_REG minus REM_MEM_REG since the last memory table, as the spec counts them.
+    let mut slots: usize = 0;
+    let mut rest = &data[9..];
+    while rest.len() >= 5 {
+        let request = u32::from(rest[0]);
+        let flags = u32::from(rest[1]);
+        let size = usize::from(u16::from_le_bytes([rest[2], rest[3]])) % 600;
+        let fds = usize::from(rest[4] & 0x0f) % 10;
+        let short = rest[4] & 0x10 != 0;
+        rest = &rest[5..];
+        let take = size.min(rest.len());
+        let mut payload = rest[..take].to_vec();
+        payload.resize(size, 0);
+        rest = &rest[take..];
+        if short {
+            payload.pop();
+        }
+        let h = Header {
+            request,
+            flags,
+            size: size as u32,
+        };
+        let header_ok = fw.header(&h).is_ok();
+        let acked_before = fw.acked_protocol();
+        let verdict = fw.admit(&h, &mut payload, fds);
+        let acked = fw.acked_protocol();
+        assert_eq!(
+            acked & !policy.protocol_features,
+            0,
+            "protocol features {acked:#x} beyond the offer {:#x}",
+            policy.protocol_features
+        );
+        assert!(fw.early().count() <= policy.queues as usize);
+        assert!(fw.early().all(|(i, s)| i < policy.queues && s <= 1));
+        let Ok(verdict) = verdict else { continue };
+        assert!(
+            header_ok,
+            "admitted a header the header check refused: {h:?}"
+        );
+        let need = needs(request).unwrap_or_else(|| panic!("request {request} admitted"));
+        assert_eq!(
+            need & !acked_before,
+            0,
+            "request {request} without its feature"
+        );
+        assert_eq!(flags & 0x3, FLAG_VERSION, "flags {flags:#x}");
+        assert_eq!(flags & FLAG_REPLY, 0, "a reply admitted as a request");
+        assert!(payload.len() <= MAX_PAYLOAD && payload.len() == size);
+        assert!(fds <= MAX_FDS, "{fds} descriptors");
+        match request {
+            req::SET_PROTOCOL_FEATURES => {
+                let v = u64::from_le_bytes(payload[..8].try_into().unwrap());
+                assert_eq!(v & !policy.protocol_features, 0, "{v:#x} passed on");
+                assert_eq!(v, acked);
+            }
+            req::SET_VRING_NUM
+            | req::SET_VRING_BASE
+            | req::GET_VRING_BASE
+            | req::SET_VRING_ADDR
+            | req::SET_VRING_ENABLE => {
+                assert!(u32_at(&payload, 0) < policy.queues, "ring index");
+            }
+            req::SET_VRING_KICK | req::SET_VRING_CALL | req::SET_VRING_ERR => {
+                assert!(u32_at(&payload, 0) & 0xff < policy.queues, "ring index");
+                assert!(fds <= 1);
+            }
+            req::SET_MEM_TABLE => slots = fds,
+            req::ADD_MEM_REG => slots += 1,
+            req::REM_MEM_REG => slots = slots.saturating_sub(1),
+            _ => {}
+        }
+        assert!(
+            slots <= MAX_MEM_SLOTS.max(MAX_FDS),
+            "{slots} regions mapped"
+        );
+        match verdict {
+            Verdict::Forward(FdCheck::Memory(regions)) => {
+                assert!(matches!(request, req::SET_MEM_TABLE | req::ADD_MEM_REG));
+                assert_eq!(regions.len(), fds, "one descriptor per region");
+                for r in &regions {
+                    assert!(
+                        r.size > 0 && r.offset.checked_add(r.size).is_some(),
+                        "{r:?}"
+                    );
+                }
+            }
+            Verdict::Forward(FdCheck::Eventfd) => assert!(fds <= 1),
+            Verdict::Forward(FdCheck::None) => assert_eq!(fds, 0, "request {request}"),
+            Verdict::Early => assert_eq!(request, req::SET_VRING_ENABLE),
+        }
+    }
+}
+
+/// A session as QEMU starts it, an ADD_MEM_REG flood with CONFIGURE_MEM_SLOTS offered,
+/// ring indexes past the queues, a reply flag, and unknown requests.
+pub fn seeds() -> Vec<Vec<u8>> {
+    let offer = proto::MQ | proto::REPLY_ACK;
+    let all = u64::MAX.to_le_bytes();
+    let state = |i: u32, n: u32| [i.to_le_bytes(), n.to_le_bytes()].concat();
+    let region = |gpa: u64, size: u64| {
+        [gpa, size, 0x7f00_0000_0000, 0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    let mut table = state(1, 0);
+    table.extend(region(0, 1 << 20));
+    let mut add = vec![0u8; 8];
+    add.extend(region(1 << 30, 4096));
+    let m = |request: u32, payload: &[u8], fds: u8| Msg {
+        request: request as u8,
+        flags: FLAG_VERSION as u8,
+        payload: payload.to_vec(),
+        fds,
+    };
+    let qemu = [
+        m(req::GET_FEATURES, &[], 0),
+        m(req::GET_PROTOCOL_FEATURES, &[], 0),
+        m(req::SET_PROTOCOL_FEATURES, &all, 0),
+        m(req::SET_VRING_ENABLE, &state(0, 1), 0),
+        m(req::SET_FEATURES, &1u64.to_le_bytes(), 0),
+        m(req::SET_MEM_TABLE, &table, 1),
+        m(req::SET_VRING_NUM, &state(0, 256), 0),
+        m(req::SET_VRING_ADDR, &[0u8; 40], 0),
+        m(req::SET_VRING_KICK, &0u64.to_le_bytes(), 1),
+        m(req::SET_VRING_CALL, &0x100u64.to_le_bytes(), 0),
+        m(req::GET_VRING_BASE, &state(1, 0), 0),
+    ];
+    let flood: Vec<Msg> = std::iter::once(m(req::SET_PROTOCOL_FEATURES, &all, 0))
+        .chain((0..40).map(|_| m(req::ADD_MEM_REG, &add, 1)))
+        .collect();
+    let hostile = [
+        m(req::SET_VRING_ENABLE, &state(4000, 1), 0),
+        m(req::SET_VRING_KICK, &0xffu64.to_le_bytes(), 1),
+        Msg {
+            request: req::GET_FEATURES as u8,
+            flags: (FLAG_VERSION | FLAG_REPLY) as u8,
+            payload: vec![],
+            fds: 0,
+        },
+        m(99, &[1, 2, 3], 2),
+        m(req::SET_MEM_TABLE, &table, 0),
+    ];
+    vec![
+        encode(2, offer, &qemu),
+        encode(32, u64::MAX, &flood),
+        encode(1, offer, &hostile),
+        encode(4, 0, &qemu),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::replay;
+
+    #[test]
+    fn fuzz_relay_corpus_replays() {
+        replay("relay", fuzz_one, 4);
+    }
+
+    #[test]
+    fn seeds_pass() {
+        for s in seeds() {
+            fuzz_one(&s);
+        }
+    }
+
+    /// `cargo test --lib write_relay_fuzz_seeds -- --ignored`.
+    #[test]
+    #[ignore]
+    fn write_relay_fuzz_seeds() {
+        crate::testkit::write_seeds("relay", &seeds());
+    }
+}
