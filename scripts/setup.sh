@@ -84,6 +84,7 @@ APT_PKGS=(
     iperf3 ethtool busybox-static iproute2 tcpdump
     python3 python3-pytest python3-scapy
     gcc libc6-dev cpio xz-utils zstd kmod
+    prometheus
 )
 missing=()
 need_qemu=0

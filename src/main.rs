@@ -127,6 +127,10 @@ struct ServeArgs {
     /// members may use `gsonet stats` and `gsonet ctl`. Overrides `control_group`.
     #[arg(long, value_name = "GROUP")]
     control_group: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (e.g. 127.0.0.1:9477;
+    /// docs/operations.md lists them). Overrides the file's `metrics`. Off by default.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<String>,
 }
 
 fn serve(args: ServeArgs) -> Result<(), (u8, String)> {
@@ -137,6 +141,7 @@ fn serve(args: ServeArgs) -> Result<(), (u8, String)> {
         control,
         control_mode,
         control_group,
+        metrics,
     } = args;
     let cfg_err = |e: gsonet::config::ConfigError| (EXIT_CONFIG, e.to_string());
     let mut cfg = match &config {
@@ -151,6 +156,9 @@ fn serve(args: ServeArgs) -> Result<(), (u8, String)> {
     }
     if let Some(c) = control {
         cfg.control = c;
+    }
+    if let Some(m) = &metrics {
+        cfg.metrics = Some(gsonet::config::parse_metrics_addr(m).map_err(cfg_err)?);
     }
     cfg.control_access = cfg
         .control_access
