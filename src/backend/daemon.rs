@@ -396,6 +396,12 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
             .map_err(DaemonError::Thread)?;
         info!(%addr, "metrics at http://{addr}/metrics");
     }
+    // Every socket listens and every thread runs: tell systemd (Type=notify).
+    match crate::sys::notify::notify("READY=1\nSTATUS=serving") {
+        Ok(true) => debug!("readiness sent to the service manager"),
+        Ok(false) => {}
+        Err(e) => warn!("cannot notify the service manager (NOTIFY_SOCKET): {e}"),
+    }
     control::server::serve_shared(control_listener, registry);
     Ok(())
 }
