@@ -6,16 +6,29 @@ PYTEST ?= python3 -m pytest
 GSONET_BIN ?= $(CURDIR)/target/release/gsonet
 export GSONET_BIN
 
-.PHONY: demo test test-full unit guest-tests bench setup build lint
+# Packages, taps and QEMU networking need root. As root (a root shell, `sudo make`)
+# everything runs directly; as another user those steps go through sudo and the build
+# stays the user's own.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo env GSONET_BIN=$(GSONET_BIN))
+
+.PHONY: demo test test-full unit guest-tests bench setup build lint completions man
 
 setup:
-	bash scripts/setup.sh
+	$(SUDO) bash scripts/setup.sh
 
 build:
 	$(CARGO) build --release
 
-demo:
-	bash scripts/demo.sh
+demo: setup build
+	$(SUDO) env SKIP_SETUP=1 SKIP_BUILD=1 bash scripts/demo.sh
+
+# Shell completions (bash, zsh, fish, elvish) and man pages, from the command
+# definitions: target/completions/, target/man/.
+completions: build
+	$(GSONET_BIN) generate completions target/completions
+
+man: build
+	$(GSONET_BIN) generate man target/man
 
 # Unit, ring, segmentation, in-process end-to-end tests, then the representative
 # QEMU guest tests. `make test-full` runs every guest variant.
@@ -25,10 +38,10 @@ unit:
 	$(CARGO) test --release
 
 guest-tests: build
-	$(PYTEST) -q guest-tests -m "not full"
+	$(SUDO) $(PYTEST) -q guest-tests -m "not full"
 
 test-full: setup build unit
-	$(PYTEST) -q guest-tests
+	$(SUDO) $(PYTEST) -q guest-tests
 
 # Micro-benchmark of the segmentation engine, then the side-by-side iperf3 run
 # (gsonet vs QEMU virtio-net + tap vs DPDK testpmd; SECONDS=3 REPEATS=1 for a smoke
@@ -37,9 +50,9 @@ test-full: setup build unit
 # Results: results/bench-<timestamp>/, results/noisy-<timestamp>/.
 bench: setup build
 	$(CARGO) bench --bench segment
-	python3 scripts/bench.py
+	$(SUDO) python3 scripts/bench.py
 	$(CARGO) build --release --example attacker
-	python3 scripts/noisy.py
+	$(SUDO) python3 scripts/noisy.py
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -84,6 +84,7 @@ APT_PKGS=(
     iperf3 ethtool busybox-static iproute2 tcpdump
     python3 python3-pytest python3-scapy
     gcc libc6-dev cpio xz-utils zstd kmod
+    prometheus libvirt-clients libxml2-utils
 )
 missing=()
 need_qemu=0
@@ -132,6 +133,17 @@ elif apt-get install -y -q --no-install-recommends dpdk-dev \
     say "dpdk-testpmd: installed (dpdk-dev)"
 else
     say "WARNING: could not install dpdk-dev; test_dpdk_frontend.py will skip"
+fi
+
+# 2c. libvirtd (guest-tests/test_libvirt.py starts its own on a private socket and
+# defines a domain on gsonet). Optional: that test skips without it.
+if command -v libvirtd >/dev/null && [ -e /usr/lib/x86_64-linux-gnu/libvirt/connection-driver/libvirt_driver_qemu.so ]; then
+    say "libvirtd: present"
+elif apt-get install -y -q --no-install-recommends libvirt-daemon-system libvirt-daemon-driver-qemu \
+    || { apt-get update -q && apt-get install -y -q --no-install-recommends libvirt-daemon-system libvirt-daemon-driver-qemu; }; then
+    say "libvirtd: installed (libvirt-daemon-system)"
+else
+    say "WARNING: could not install libvirt-daemon-system; test_libvirt.py will skip its guest"
 fi
 
 # 3. Python test dependencies that apt may lack (none today; pip as fallback).

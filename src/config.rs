@@ -491,6 +491,18 @@ pub struct Config {
     /// Mode and group of the control socket (default 0600, gsonet's own group).
     pub control_access: SocketAccess,
     pub mac_aging_secs: u64,
+    /// Where to serve Prometheus metrics (`--metrics`, `metrics = "ADDR:PORT"`); none: off.
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+/// A `--metrics`/`metrics` address: an IP address and a port, e.g. `127.0.0.1:9477`.
+pub fn parse_metrics_addr(v: &str) -> Result<std::net::SocketAddr, ConfigError> {
+    v.parse().map_err(|_| ConfigError::BadValue {
+        what: "metrics",
+        key: "metrics".into(),
+        value: v.into(),
+        why: "expected ADDR:PORT, e.g. 127.0.0.1:9477 or [::1]:9477".into(),
+    })
 }
 
 pub const DEFAULT_CONTROL: &str = "/run/gsonet/control.sock";
@@ -504,6 +516,7 @@ struct FileConfig {
     control_mode: Option<toml::Value>,
     control_group: Option<toml::Value>,
     mac_aging: Option<u64>,
+    metrics: Option<String>,
     #[serde(default)]
     port: Vec<BTreeMap<String, toml::Value>>,
     #[serde(default)]
@@ -605,6 +618,7 @@ impl Config {
                 group.as_deref().map(|v| ("control_group", v)),
             )?,
             mac_aging_secs: f.mac_aging.unwrap_or(300),
+            metrics: f.metrics.as_deref().map(parse_metrics_addr).transpose()?,
         })
     }
 
@@ -933,5 +947,23 @@ mod tests {
         c.ports.push(PortConfig::parse("socket=a").unwrap());
         c.ports.push(PortConfig::parse("socket=a").unwrap());
         assert!(matches!(c.check(), Err(ConfigError::DuplicateSocket(_))));
+    }
+
+    #[test]
+    fn metrics_address() {
+        assert_eq!(Config::from_toml("").unwrap().metrics, None);
+        let c = Config::from_toml("metrics = '127.0.0.1:9477'").unwrap();
+        assert_eq!(c.metrics, Some("127.0.0.1:9477".parse().unwrap()));
+        let c = Config::from_toml("metrics = '[::1]:9000'").unwrap();
+        assert_eq!(c.metrics, Some("[::1]:9000".parse().unwrap()));
+        for bad in [
+            "metrics = 'localhost'",
+            "metrics = '127.0.0.1'",
+            "metrics = 9477",
+        ] {
+            assert!(Config::from_toml(bad).is_err(), "{bad}");
+        }
+        let err = parse_metrics_addr("9477").unwrap_err();
+        assert!(err.to_string().contains("ADDR:PORT"), "{err}");
     }
 }

@@ -11,10 +11,12 @@ use gsonet::backend::{self, control};
 use gsonet::config::{Config, PortConfig, UplinkConfig, DEFAULT_CONTROL};
 use gsonet::stats::Snapshot;
 
+mod watch;
+
 #[derive(Parser)]
 #[command(
     name = "gsonet",
-    version,
+    version = env!("GSONET_VERSION"),
     about = "vhost-user virtio-net backend with GSO negotiation",
     long_about = "A vhost-user virtio-net backend. QEMU guests attach with -netdev vhost-user; gsonet \
 negotiates checksum and segmentation offloads with each guest, switches frames between guests and \
@@ -47,8 +49,19 @@ Logging: RUST_LOG=gsonet=debug")]
         #[arg(long, value_name = "PATH", default_value = DEFAULT_CONTROL)]
         control: PathBuf,
         /// Machine-readable output.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "watch")]
         json: bool,
+        /// Print per-second rates every --interval seconds, one line per port and
+        /// uplink (like ifstat), until interrupted or --count reports.
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between two --watch reports.
+        #[arg(long, value_name = "SECS", default_value_t = 1.0, requires = "watch",
+              value_parser = parse_interval)]
+        interval: f64,
+        /// Stop --watch after N reports.
+        #[arg(long, value_name = "N", requires = "watch")]
+        count: Option<u64>,
     },
     /// Change a port or uplink at runtime, e.g. `gsonet ctl uplink:0 gso=software`,
     /// `gsonet ctl port:vm1.sock tso=off max_burst=1400`.
@@ -64,6 +77,29 @@ Logging: RUST_LOG=gsonet=debug")]
         #[arg(required = true)]
         settings: Vec<String>,
     },
+    /// Write shell completions (bash, zsh, fish, elvish) or man pages into DIR
+    /// (`make completions`, `make man`).
+    #[command(hide = true)]
+    Generate {
+        #[arg(value_enum)]
+        what: Generated,
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Generated {
+    Completions,
+    Man,
+}
+
+/// A --watch interval: positive seconds, at least 0.1.
+fn parse_interval(v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(s) if (0.1..=3600.0).contains(&s) => Ok(s),
+        _ => Err("expected seconds between 0.1 and 3600".into()),
+    }
 }
 
 /// Exit code for configuration mistakes.
@@ -135,6 +171,10 @@ struct ServeArgs {
     /// members may use `gsonet stats` and `gsonet ctl`. Overrides `control_group`.
     #[arg(long, value_name = "GROUP")]
     control_group: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (e.g. 127.0.0.1:9477;
+    /// docs/operations.md lists them). Overrides the file's `metrics`. Off by default.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<String>,
 }
 
 fn serve(args: ServeArgs) -> Result<(), (u8, String)> {
@@ -145,6 +185,7 @@ fn serve(args: ServeArgs) -> Result<(), (u8, String)> {
         control,
         control_mode,
         control_group,
+        metrics,
     } = args;
     let cfg_err = |e: gsonet::config::ConfigError| (EXIT_CONFIG, e.to_string());
     let mut cfg = match &config {
@@ -159,6 +200,9 @@ fn serve(args: ServeArgs) -> Result<(), (u8, String)> {
     }
     if let Some(c) = control {
         cfg.control = c;
+    }
+    if let Some(m) = &metrics {
+        cfg.metrics = Some(gsonet::config::parse_metrics_addr(m).map_err(cfg_err)?);
     }
     cfg.control_access = cfg
         .control_access
@@ -252,14 +296,65 @@ fn pretty<T: serde::Serialize>(v: &T) -> Result<String, (u8, String)> {
     serde_json::to_string_pretty(v).map_err(|e| (1, e.to_string()))
 }
 
+/// One stats report from a running gsonet.
+fn stats_report(control: &std::path::Path) -> Result<control::protocol::StatsReport, (u8, String)> {
+    let reply = ask(control, &control::Request::Stats)?;
+    let control::Reply::Stats(report) = reply else {
+        return Err((1, format!("unexpected answer: {reply:?}")));
+    };
+    Ok(report)
+}
+
+/// Completions for every shell clap_complete knows well, or one man page per command.
+fn generate(what: Generated, dir: &std::path::Path) -> Result<(), (u8, String)> {
+    use clap::CommandFactory;
+    let io = |e: std::io::Error| (1, format!("{}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let mut cmd = Cli::command();
+    match what {
+        Generated::Completions => {
+            use clap_complete::Shell;
+            for shell in [Shell::Bash, Shell::Zsh, Shell::Fish, Shell::Elvish] {
+                let path =
+                    clap_complete::generate_to(shell, &mut cmd, "gsonet", dir).map_err(io)?;
+                println!("{}", path.display());
+            }
+        }
+        Generated::Man => {
+            cmd.build();
+            let mut pages = vec![("gsonet".to_string(), cmd.clone())];
+            let shown = cmd
+                .get_subcommands()
+                .filter(|s| !s.is_hide_set() && s.get_name() != "help");
+            for sub in shown {
+                pages.push((format!("gsonet-{}", sub.get_name()), sub.clone()));
+            }
+            for (name, page) in pages {
+                let page = page.name(name.clone());
+                let path = dir.join(format!("{name}.1"));
+                let mut out = Vec::new();
+                clap_mangen::Man::new(page).render(&mut out).map_err(io)?;
+                std::fs::write(&path, out).map_err(io)?;
+                println!("{}", path.display());
+            }
+        }
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<(), (u8, String)> {
     match cli.cmd {
         Cmd::Serve(args) => serve(args),
-        Cmd::Stats { control, json } => {
-            let reply = ask(&control, &control::Request::Stats)?;
-            let control::Reply::Stats(report) = reply else {
-                return Err((1, format!("unexpected answer: {reply:?}")));
-            };
+        Cmd::Generate { what, dir } => generate(what, &dir),
+        Cmd::Stats {
+            control,
+            watch: true,
+            interval,
+            count,
+            ..
+        } => watch::run(&control, interval, count, stats_report),
+        Cmd::Stats { control, json, .. } => {
+            let report = stats_report(&control)?;
             if json {
                 println!("{}", pretty(&report)?);
             } else {

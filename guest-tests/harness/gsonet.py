@@ -27,15 +27,18 @@ class Gsonet:
             gs.wait_port(0)
             gs.stats()["ports"][0]["stats"]["gso_passed"]
 
-    ports / uplinks: the --port / --uplink specs. ``start()`` waits for the control
+    ports / uplinks: the --port / --uplink specs; extra: more serve arguments
+    (e.g. ``["--metrics", "127.0.0.1:9477"]``). ``start()`` waits for the control
     socket, the listening sockets (client-mode ports only connect once QEMU's server
     socket exists) and the taps. Output goes to ``log_path``.
     """
 
     def __init__(self, ports: list[str], uplinks: list[str] | None = None, *,
                  workdir: str | os.PathLike, binary: str | None = None,
-                 name: str = "gsonet", log_dir: Path | str | None = None):
+                 name: str = "gsonet", log_dir: Path | str | None = None,
+                 extra: list[str] | None = None):
         self.ports = list(ports)
+        self.extra = list(extra or [])
         self.uplinks = list(uplinks or [])
         self.workdir = Path(workdir)
         self.binary = binary or GSONET_BIN
@@ -52,7 +55,7 @@ class Gsonet:
             cmd += ["--port", p]
         for u in self.uplinks:
             cmd += ["--uplink", u]
-        return cmd + ["--control", str(self.control)]
+        return cmd + ["--control", str(self.control)] + self.extra
 
     def start(self, timeout: float = 15.0) -> "Gsonet":
         if not os.access(self.binary, os.X_OK):

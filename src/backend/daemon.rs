@@ -16,6 +16,7 @@ use vhost_user_backend::VhostUserDaemon;
 use vm_memory::GuestMemoryAtomic;
 
 use super::control;
+use super::metrics;
 use super::ratelimit::LogLimit;
 use super::socket::{bind_exclusive, Access, BindError, PrivateDir};
 use super::switch::{Switch, SwitchPort, SwitchUplink};
@@ -51,6 +52,8 @@ pub enum DaemonError {
     Packet(#[from] PacketError),
     #[error("control socket {path}: {err}")]
     Control { path: String, err: io::Error },
+    #[error("metrics address {addr}: {err}")]
+    Metrics { addr: String, err: io::Error },
     #[error("cannot start thread: {0}")]
     Thread(io::Error),
     #[error("cannot create a port's timers: {0}")]
@@ -344,6 +347,16 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         });
     }
     let control_listener = listen_control(&cfg.control, control_access)?;
+    bound.0.push(cfg.control.clone());
+    let metrics_listener = cfg
+        .metrics
+        .map(|addr| {
+            std::net::TcpListener::bind(addr).map_err(|err| DaemonError::Metrics {
+                addr: addr.to_string(),
+                err,
+            })
+        })
+        .transpose()?;
     bound.0.clear();
     let switch = Arc::new(Switch::new(
         ports
@@ -377,7 +390,22 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         info!(port = %p.name(), mode = if p.cfg.client { "client" } else { "server" }, queues = p.cfg.queues, "port ready");
     }
     info!(control = %cfg.control.display(), "control socket ready");
-    control::serve(control_listener, control::Registry { ports, uplinks });
+    let registry = Arc::new(control::Registry { ports, uplinks });
+    if let (Some(l), Some(addr)) = (metrics_listener, cfg.metrics) {
+        let r = registry.clone();
+        thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || metrics::http::serve(l, r))
+            .map_err(DaemonError::Thread)?;
+        info!(%addr, "metrics at http://{addr}/metrics");
+    }
+    // Every socket listens and every thread runs: tell systemd (Type=notify).
+    match crate::sys::notify::notify("READY=1\nSTATUS=serving") {
+        Ok(true) => debug!("readiness sent to the service manager"),
+        Ok(false) => {}
+        Err(e) => warn!("cannot notify the service manager (NOTIFY_SOCKET): {e}"),
+    }
+    control::server::serve_shared(control_listener, registry);
     Ok(())
 }
 

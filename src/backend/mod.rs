@@ -1,5 +1,6 @@
 //! The daemon: vhost-user ports (`vhost`), the switch between them (`switch`),
-//! uplinks (`uplink`), the control socket (`control`), and `daemon`, which wires
+//! uplinks (`uplink`), the control socket (`control`), Prometheus metrics
+//! (`metrics`), and `daemon`, which wires
 //! them up from a `Config` and serves until killed.
 //!
 //! The rooms import downwards only: `daemon` -> `control` -> `vhost`, `uplink` ->
@@ -7,6 +8,7 @@
 
 pub mod control;
 pub mod daemon;
+pub mod metrics;
 pub mod ratelimit;
 pub mod socket;
 pub mod switch;

@@ -1,7 +1,8 @@
 //! The kernel boundary: every syscall and ioctl gsonet makes, behind safe, typed functions:
 //! tap queues (`tun`), AF_PACKET sockets (`packet`), interfaces (`netdev`), fds (`io`, `scm`,
 //! and `fd` for what a descriptor from another process is), Unix listening sockets
-//! (`sock`), socket peers and groups (`cred`), epoll timers (`timer`).
+//! (`sock`), socket peers and groups (`cred`), epoll timers (`timer`), readiness for
+//! systemd (`notify`).
 
 // The one room allowed to call into libc; every block states its invariant.
 #![allow(unsafe_code)]
@@ -10,6 +11,7 @@ pub mod cred;
 pub mod fd;
 pub mod io;
 pub mod netdev;
+pub mod notify;
 pub mod packet;
 pub mod scm;
 pub mod sock;

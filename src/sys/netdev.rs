@@ -50,6 +50,8 @@ pub struct IfFlags(libc::c_short);
 
 impl IfFlags {
     pub const UP: IfFlags = IfFlags(libc::IFF_UP as libc::c_short);
+    /// Operationally up: a carrier (for a tap, a process holds it open).
+    pub const RUNNING: IfFlags = IfFlags(libc::IFF_RUNNING as libc::c_short);
 
     pub fn contains(self, other: IfFlags) -> bool {
         self.0 & other.0 == other.0

@@ -122,6 +122,11 @@ pub fn bin() -> &'static str {
 
 impl Daemon {
     pub fn start(spec: &DaemonSpec) -> Result<Daemon> {
+        Self::start_with(spec, &[])
+    }
+
+    /// `start`, with more `gsonet serve` arguments (e.g. `--metrics ADDR:PORT`).
+    pub fn start_with(spec: &DaemonSpec, extra: &[&str]) -> Result<Daemon> {
         let tag = unique_tag();
         let dir = std::env::temp_dir();
         let sockets: Vec<PathBuf> = (0..spec.ports.len())
@@ -150,6 +155,7 @@ impl Daemon {
             cmd.arg("--uplink").arg(u);
         }
         cmd.arg("--control").arg(&control);
+        cmd.args(extra);
         let logf = File::create(&log).context("daemon log file")?;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())

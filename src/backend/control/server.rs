@@ -282,7 +282,11 @@ fn client(r: Arc<Registry>, s: UnixStream, _slot: Slot) {
 
 /// Serves the control socket (bound by the caller) forever.
 pub fn serve(l: UnixListener, registry: Registry) {
-    let registry = Arc::new(registry);
+    serve_shared(l, Arc::new(registry))
+}
+
+/// `serve`, with a registry others (the metrics endpoint) read as well.
+pub fn serve_shared(l: UnixListener, registry: Arc<Registry>) {
     let open = Arc::new(AtomicUsize::new(0));
     let log = LogLimit::default();
     for s in l.incoming() {
