@@ -597,3 +597,36 @@ fn a_guest_that_trickles_buffers_does_not_slow_the_others() {
         "B's frames took {took:?} (A got {got_a})\n{s:#}"
     );
 }
+
+/// A tap deleted under a running gsonet leaves its reader with a descriptor that is
+/// always readable and fails every read: the reader backs off instead of spinning, so
+/// the daemon stays near idle and the failures are counted about once a second.
+#[test]
+fn a_deleted_tap_costs_next_to_nothing() {
+    let mut d = Daemon::start(&DaemonSpec::ports(1).with_tap("")).expect("start gsonet");
+    let tap = d.tap.clone().unwrap();
+    let out = std::process::Command::new("ip")
+        .args(["link", "del", &tap])
+        .output()
+        .expect("ip link del");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Let the back-off reach its ceiling, then watch for two seconds.
+    std::thread::sleep(Duration::from_millis(2500));
+    let read_errors = |d: &Daemon| {
+        let s = d.stats().unwrap();
+        drop_count(&s["uplinks"][0]["stats"], "uplink_read_error")
+    };
+    let cpu0 = common::daemon::cpu_time(d.pid()).unwrap();
+    let n0 = read_errors(&d);
+    std::thread::sleep(Duration::from_secs(2));
+    let cpu = common::daemon::cpu_time(d.pid()).unwrap() - cpu0;
+    let n = read_errors(&d) - n0;
+    assert!(d.alive(), "gsonet died:\n{}", d.log_text());
+    assert!(n0 > 0, "the failing reads are counted");
+    assert!(n <= 10, "{n} failed reads in 2 s: no back-off");
+    assert!(cpu < Duration::from_millis(500), "{cpu:?} of CPU in 2 s");
+}

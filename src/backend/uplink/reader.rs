@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use tracing::{debug, error};
+use tracing::{debug, error, warn};
 
 use super::device::DeviceUplink;
 use super::UplinkDevice;
@@ -24,6 +24,14 @@ use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 const RX_BATCH: usize = 64;
 /// Longest wait for a frame, with nothing held, before the queue is tried anyway.
 const POLL_WAIT: Duration = Duration::from_secs(1);
+/// Longest pause after failed reads: a device that fails every read (a tap deleted
+/// under gsonet stays readable and answers EBADFD) costs about one read a second.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The pause after `failures` reads in a row failed: 1, 2, 4 ... ms, up to MAX_BACKOFF.
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis(1u64 << failures.min(10)).min(MAX_BACKOFF)
+}
 
 /// Starts one reader thread per device queue; `id` is the uplink's index in the switch.
 pub fn start<D: UplinkDevice>(
@@ -46,7 +54,11 @@ fn read_loop<D: UplinkDevice>(up: &DeviceUplink<D>, id: usize, queue: usize, swi
     let mut ctx = DeliverCtx::default();
     let mut held = Held::default();
     let fd = up.dev.fd(queue);
+    let mut failures: u32 = 0;
     loop {
+        if failures > 0 {
+            thread::sleep(backoff(failures));
+        }
         held.retry(switch, &mut ctx);
         match poll_readable(fd, held.poll_timeout(POLL_WAIT)) {
             Err(e) if e.kind() != io::ErrorKind::Interrupted => {
@@ -65,11 +77,17 @@ fn read_loop<D: UplinkDevice>(up: &DeviceUplink<D>, id: usize, queue: usize, swi
                     continue;
                 }
                 Err(e) => {
-                    debug!(uplink = %up.dev.name(), "read: {e}");
+                    failures = failures.saturating_add(1);
+                    if failures == 10 {
+                        warn!(uplink = %up.dev.name(), "reads keep failing ({e}); retrying about once a second");
+                    } else {
+                        debug!(uplink = %up.dev.name(), "read: {e}");
+                    }
                     up.stats.drop(DropReason::UplinkReadError);
                     break;
                 }
             };
+            failures = 0;
             handle_frame(up, id, queue, &buf[at], switch, &mut ctx, &mut held);
         }
         ctx.flush();
@@ -103,5 +121,17 @@ fn handle_frame<D: UplinkDevice>(
     match Frame::from_device(hdr, &parts) {
         Ok(frame) => forward_holding(switch, Endpoint::Uplink(id), queue, &frame, ctx, held),
         Err(reason) => up.stats.drop(reason),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failing_reads_back_off_to_a_second() {
+        assert_eq!(backoff(1), Duration::from_millis(2));
+        assert!(backoff(5) > backoff(4));
+        assert_eq!(backoff(40), MAX_BACKOFF);
     }
 }
