@@ -149,6 +149,8 @@ pub struct PortConfig {
     pub trunk: Option<VlanSet>,
     /// Port security: the guest may send only from `mac` (needs `mac`).
     pub mac_lock: bool,
+    /// GRO: coalesce TCP segments into GSO frames for a guest that accepts TSO.
+    pub gro: bool,
     /// Most addresses the switch learns on this port; past it, the port's own oldest
     /// address is forgotten.
     pub mac_limit: usize,
@@ -258,7 +260,7 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, vlan, trunk, allowed_vlans, allow_unsealed_memory, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
     /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,socket_mode=0660][,socket_group=GROUP]
@@ -280,6 +282,7 @@ impl PortConfig {
             vlan: None,
             trunk: None,
             mac_lock: false,
+            gro: true,
             mac_limit: PORT_MAC_LIMIT,
             allow_unsealed_memory: false,
             access: SocketAccess {
@@ -301,6 +304,7 @@ impl PortConfig {
                 "max_burst" => c.max_burst = max_burst(W, &k, &v)?,
                 "vlan" => c.vlan = Vid::new(number(W, &k, &v, Vid::MIN, Vid::MAX)?),
                 "mac_lock" => c.mac_lock = on_off(W, &k, &v)?,
+                "gro" => c.gro = on_off(W, &k, &v)?,
                 "mac_limit" => {
                     let (lo, hi) = MAC_LIMIT_RANGE;
                     c.mac_limit = number(W, &k, &v, lo, hi)?;

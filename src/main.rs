@@ -217,6 +217,12 @@ fn print_counters(s: &Snapshot) {
         s.max_mss,
         s.csum_completed
     );
+    if s.gro_frames > 0 {
+        println!(
+            "  gro: {} frames from {} segments",
+            s.gro_frames, s.gro_segments
+        );
+    }
     if s.mac_moves > 0 {
         println!("  mac moves to it: {}", s.mac_moves);
     }

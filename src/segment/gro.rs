@@ -85,11 +85,24 @@ impl Flow {
 }
 
 /// GRO state for one receiver queue: up to [`MAX_FLOWS`] frames being built.
-#[derive(Default)]
 pub struct Coalescer {
     flows: Vec<Flow>,
     /// Buffers of emitted flows, kept for the next ones.
     spare: Vec<Vec<u8>>,
+    /// Which frames the receiver takes: TCP over IPv4, over IPv6.
+    v4: bool,
+    v6: bool,
+}
+
+impl Default for Coalescer {
+    fn default() -> Self {
+        Coalescer {
+            flows: Vec::new(),
+            spare: Vec::new(),
+            v4: true,
+            v6: true,
+        }
+    }
 }
 
 /// Whether the headers of `a` and `b` (same shape `h`) agree everywhere a coalesced
@@ -194,6 +207,12 @@ impl Coalescer {
         Self::default()
     }
 
+    /// Coalesces TCP over IPv4 (`v4`, TSO4) and over IPv6 (`v6`, TSO6) only; segments
+    /// of the other pass.
+    pub fn accept(&mut self, v4: bool, v6: bool) {
+        (self.v4, self.v6) = (v4, v6);
+    }
+
     /// Whether no frame is held.
     pub fn is_empty(&self) -> bool {
         self.flows.is_empty()
@@ -237,7 +256,11 @@ impl Coalescer {
             }
             return Offer::Pass;
         }
-        let seg = examine(vnet, parts, hdr, h);
+        let mut seg = examine(vnet, parts, hdr, h);
+        seg.eligible &= match h.l3 {
+            L3::Ipv4 => self.v4,
+            L3::Ipv6 => self.v6,
+        };
         if let Some(i) = at {
             if seg.eligible && self.joins(i, &seg, hdr) {
                 let f = &mut self.flows[i];

@@ -31,6 +31,9 @@ pub struct Counters {
     pub max_mss: AtomicU64,
     pub min_mss: AtomicU64,
     pub csum_completed: AtomicU64,
+    /// GSO frames GRO built for this guest, and the segments they hold.
+    pub gro_frames: AtomicU64,
+    pub gro_segments: AtomicU64,
     /// Learned addresses that moved to this endpoint from another.
     pub mac_moves: AtomicU64,
     drops: DropCounters,
@@ -63,6 +66,10 @@ pub struct Snapshot {
     pub csum_completed: u64,
     #[serde(default)]
     pub mac_moves: u64,
+    #[serde(default)]
+    pub gro_frames: u64,
+    #[serde(default)]
+    pub gro_segments: u64,
     /// Non-zero drop counters by `DropReason::name`.
     pub drops: BTreeMap<String, u64>,
 }
@@ -113,6 +120,12 @@ impl Counters {
         set_min(&self.min_mss, mss as u64);
     }
 
+    /// One GSO frame built by GRO from `segments` segments.
+    pub fn coalesced(&self, segments: usize) {
+        self.gro_frames.fetch_add(1, Relaxed);
+        self.gro_segments.fetch_add(segments as u64, Relaxed);
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let g = |c: &AtomicU64| c.load(Relaxed);
         Snapshot {
@@ -131,6 +144,8 @@ impl Counters {
             min_mss: g(&self.min_mss),
             csum_completed: g(&self.csum_completed),
             mac_moves: g(&self.mac_moves),
+            gro_frames: g(&self.gro_frames),
+            gro_segments: g(&self.gro_segments),
             drops: DropReason::ALL
                 .iter()
                 .map(|&r| (r.name().to_string(), self.drops(r)))

@@ -48,6 +48,8 @@ fn read_loop<D: UplinkDevice>(up: &DeviceUplink<D>, id: usize, queue: usize, swi
     let fd = up.dev.fd(queue);
     loop {
         held.retry(switch, &mut ctx);
+        // What GRO took from the retried frames leaves before the wait.
+        ctx.flush();
         match poll_readable(fd, held.poll_timeout(POLL_WAIT)) {
             Err(e) if e.kind() != io::ErrorKind::Interrupted => {
                 error!(uplink = %up.dev.name(), "poll failed: {e}");

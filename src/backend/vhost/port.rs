@@ -261,6 +261,10 @@ impl Destination for Port {
         Port::max_burst(self)
     }
 
+    fn gro(&self) -> bool {
+        self.cfg.gro
+    }
+
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
         // A guest that has not read its queue for a while costs O(1) until it kicks.
         if self.stall.stalled() {
