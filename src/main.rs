@@ -58,7 +58,7 @@ Logging: RUST_LOG=gsonet=debug")]
         /// port:N|SOCKET or uplink:N|NAME
         target: String,
         /// KEY=VALUE settings: ports take the offload switches (=on|off, applied to the
-        /// next frontend connection, e.g. when its QEMU restarts) and max_burst=N|off
+        /// next frontend connection, e.g. when its QEMU restarts) and max_burst=N|off, gro=on|off
         /// (at once); uplinks take gso=pass|software and max_burst (at once).
         #[arg(required = true)]
         settings: Vec<String>,

@@ -15,10 +15,10 @@ from .process import HarnessError
 from .qemu import tap_netdev, vhost_user_netdev
 from .testpmd import TestPmd
 
-BACKENDS = ["gsonet", "qemu-tap", "dpdk"]
+BACKENDS = ["gsonet", "gsonet-nogro", "qemu-tap", "dpdk"]
 TOPOLOGIES = ["host", "g2g"]
 BASELINE = "qemu-tap"
-LABEL = {"gsonet": "gsonet", "qemu-tap": "QEMU virtio-net + tap", "dpdk": "DPDK testpmd vhost"}
+LABEL = {"gsonet": "gsonet", "gsonet-nogro": "gsonet gro=off", "qemu-tap": "QEMU virtio-net + tap", "dpdk": "DPDK testpmd vhost"}
 
 # testpmd: guest<->host through net_tap with checksum offload and TSO done by the
 # csum engine (1434, not 1448, because net_tap counts the Ethernet header in its MTU
@@ -78,8 +78,8 @@ class Setup:
         net = f"10.77.{n}"
         nguests = 1 if self.topo == "host" else 2
         socks = [str(self.work / f"{self.backend}-{self.topo}-{i}.sock") for i in range(nguests)]
-        if self.backend == "gsonet":
-            netdevs = self._gsonet(socks)
+        if self.backend in ("gsonet", "gsonet-nogro"):
+            netdevs = self._gsonet(socks, gro=self.backend == "gsonet")
         elif self.backend == "qemu-tap":
             netdevs = self._qemu_tap(nguests)
         elif self.backend == "dpdk":
@@ -106,13 +106,14 @@ class Setup:
         if rc != 0:
             raise HarnessError(f"guest cannot reach {peer}: {out.strip()[-200:]}")
 
-    def _gsonet(self, socks: list[str]) -> list[list[str]]:
+    def _gsonet(self, socks: list[str], gro: bool = True) -> list[list[str]]:
         uplinks = []
         if self.topo == "host":
             self._host_link = hostnet.unique_name("bg")
             uplinks = [f"tap={self._host_link}"]
             self._cleanup.append(lambda: hostnet.delete_link(self._host_link))
-        gs = Gsonet([f"socket={s}" for s in socks], uplinks,
+        knob = "" if gro else ",gro=off"
+        gs = Gsonet([f"socket={s}{knob}" for s in socks], uplinks,
                     workdir=self.work / f"gsonet-{self.topo}", name=f"bench-{self.topo}",
                     log_dir=self.logs)
         self._cleanup.append(gs.stop)

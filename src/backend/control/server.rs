@@ -75,9 +75,12 @@ fn apply(r: &Registry, target: &str, settings: &[(String, String)]) -> Result<Ap
                 .ok_or_else(|| format!("no port {which}"))?;
             let mut mask = p.mask();
             let mut burst = p.max_burst();
+            let mut gro = None;
             for (k, v) in settings {
                 if k == "max_burst" {
                     burst = parse_max_burst(v).map_err(|e| format!("max_burst={v}: {e}"))?;
+                } else if k == "gro" {
+                    gro = Some(parse_on_off(v).map_err(|e| format!("{k}={v}: {e}"))?);
                 } else {
                     let on = parse_on_off(v).map_err(|e| format!("{k}={v}: {e}"))?;
                     if !mask.set(k, on) {
@@ -87,6 +90,9 @@ fn apply(r: &Registry, target: &str, settings: &[(String, String)]) -> Result<Ap
             }
             p.set_mask(mask);
             p.set_max_burst(burst);
+            if let Some(on) = gro {
+                p.set_gro(on);
+            }
             Ok(Applied::Port {
                 port: p.name(),
                 offer: format!("{:#x}", p.offered()),

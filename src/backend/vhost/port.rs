@@ -58,6 +58,8 @@ pub struct Port {
     pub log: LogLimit,
     /// Runtime `max_burst` (0: none), changed with `gsonet ctl`.
     max_burst: AtomicUsize,
+    /// Runtime `gro`, changed with `gsonet ctl`.
+    gro: AtomicBool,
     pub stats: Counters,
 }
 
@@ -72,6 +74,7 @@ impl Port {
             rx: (0..pairs).map(|_| Mutex::new(RxSlot::default())).collect(),
             connected: AtomicBool::new(false),
             max_burst: AtomicUsize::new(cfg.max_burst.unwrap_or(0)),
+            gro: AtomicBool::new(cfg.gro),
             stall: StallClock::default(),
             segment_budget: TokenBucket::new(SEGMENTS_PER_SEC, SEGMENTS_BURST),
             log: LogLimit::default(),
@@ -86,6 +89,10 @@ impl Port {
 
     pub fn set_max_burst(&self, b: Option<usize>) {
         self.max_burst.store(b.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    pub fn set_gro(&self, on: bool) {
+        self.gro.store(on, Ordering::Relaxed);
     }
 
     pub fn name(&self) -> String {
@@ -262,7 +269,7 @@ impl Destination for Port {
     }
 
     fn gro(&self) -> bool {
-        self.cfg.gro
+        self.gro.load(Ordering::Relaxed)
     }
 
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
