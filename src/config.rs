@@ -151,6 +151,8 @@ pub struct PortConfig {
     pub mac_lock: bool,
     /// GRO: coalesce TCP segments into GSO frames for a guest that accepts TSO.
     pub gro: bool,
+    /// `rate=MBIT[,burst=KB]`: what the guest may send, in bytes on the wire.
+    pub rate: Option<RateLimit>,
     /// Most addresses the switch learns on this port; past it, the port's own oldest
     /// address is forgotten.
     pub mac_limit: usize,
@@ -159,6 +161,45 @@ pub struct PortConfig {
     pub allow_unsealed_memory: bool,
     /// Mode and group of the socket gsonet listens on (not used in client mode).
     pub access: SocketAccess,
+}
+
+/// A byte rate on what an endpoint sends: megabits (10^6) a second on the wire, and
+/// how much an idle sender saves up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    pub mbit: u64,
+    pub burst_kb: u64,
+}
+
+/// Largest `rate=` (Mbit/s) and `burst=` (KiB).
+pub const RATE_MBIT_MAX: u64 = 1_000_000;
+pub const BURST_KB_MAX: u64 = 1 << 20;
+/// `burst=` unless given: two 64 KiB GSO frames.
+pub const BURST_KB_DEFAULT: u64 = 128;
+
+/// A `rate` value: 1..1000000 (Mbit/s), or `off`.
+pub fn parse_rate(v: &str) -> Result<Option<u64>, String> {
+    match v {
+        "off" | "none" | "0" => Ok(None),
+        _ => match v.parse::<u64>() {
+            Ok(n) if (1..=RATE_MBIT_MAX).contains(&n) => Ok(Some(n)),
+            _ => Err(format!("must be 1..{RATE_MBIT_MAX} (Mbit/s) or off")),
+        },
+    }
+}
+
+impl RateLimit {
+    /// `rate` and `burst` as given; a burst without a rate is an error.
+    pub fn with_burst(rate: Option<u64>, burst: Option<u64>) -> Result<Option<RateLimit>, String> {
+        match (rate, burst) {
+            (None, Some(_)) => Err("burst= needs rate=".into()),
+            (None, None) => Ok(None),
+            (Some(mbit), b) => Ok(Some(RateLimit {
+                mbit,
+                burst_kb: b.unwrap_or(BURST_KB_DEFAULT),
+            })),
+        }
+    }
 }
 
 /// Addresses a port may have learned at once, unless `mac_limit=` says otherwise.
@@ -260,7 +301,7 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, vlan, trunk, allowed_vlans, allow_unsealed_memory, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
     /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,socket_mode=0660][,socket_group=GROUP]
@@ -283,6 +324,7 @@ impl PortConfig {
             trunk: None,
             mac_lock: false,
             gro: true,
+            rate: None,
             mac_limit: PORT_MAC_LIMIT,
             allow_unsealed_memory: false,
             access: SocketAccess {
@@ -293,6 +335,8 @@ impl PortConfig {
         let mut trunk = None;
         let mut allowed = None;
         let mut access_key = None;
+        let mut rate = None;
+        let mut burst = None;
         for (k, v) in kv {
             match k.as_str() {
                 "socket" | "path" => c.socket = PathBuf::from(&v),
@@ -305,6 +349,8 @@ impl PortConfig {
                 "vlan" => c.vlan = Vid::new(number(W, &k, &v, Vid::MIN, Vid::MAX)?),
                 "mac_lock" => c.mac_lock = on_off(W, &k, &v)?,
                 "gro" => c.gro = on_off(W, &k, &v)?,
+                "rate" => rate = parse_rate(&v).map_err(|e| bad(W, &k, &v, e))?,
+                "burst" => burst = Some(number(W, &k, &v, 1, BURST_KB_MAX)?),
                 "mac_limit" => {
                     let (lo, hi) = MAC_LIMIT_RANGE;
                     c.mac_limit = number(W, &k, &v, lo, hi)?;
@@ -341,6 +387,7 @@ impl PortConfig {
                 key: "socket",
             });
         }
+        c.rate = RateLimit::with_burst(rate, burst).map_err(|e| bad(W, "burst", "", e))?;
         if c.mac_lock && c.mac.is_none() {
             return Err(bad(
                 W,
@@ -779,6 +826,24 @@ mod tests {
         }
         assert!(err("socket=a,trunk=maybe,allowed_vlans=1").contains("trunk"));
 
+        let p = PortConfig::parse("socket=a,rate=200,burst=64,gro=off").unwrap();
+        assert_eq!(
+            (p.rate, p.gro),
+            (
+                Some(RateLimit {
+                    mbit: 200,
+                    burst_kb: 64
+                }),
+                false
+            )
+        );
+        let p = PortConfig::parse("socket=a,rate=5").unwrap();
+        assert_eq!(p.rate.map(|r| r.burst_kb), Some(BURST_KB_DEFAULT));
+        assert!(p.gro);
+        assert_eq!(PortConfig::parse("socket=a,rate=off").unwrap().rate, None);
+        assert!(err("socket=a,burst=64").contains("burst= needs rate="));
+        assert!(err("socket=a,rate=0.5").contains("Mbit/s"));
+        assert!(err("socket=a,rate=200,burst=0").contains("burst"));
         let p = PortConfig::parse("socket=a,mac=52:54:00:00:00:01,mac_lock=on").unwrap();
         assert!(p.mac_lock);
         assert!(!PortConfig::parse("socket=a").unwrap().mac_lock);

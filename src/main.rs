@@ -58,8 +58,8 @@ Logging: RUST_LOG=gsonet=debug")]
         /// port:N|SOCKET or uplink:N|NAME
         target: String,
         /// KEY=VALUE settings: ports take the offload switches (=on|off, applied to the
-        /// next frontend connection, e.g. when its QEMU restarts) and max_burst=N|off, gro=on|off
-        /// (at once); uplinks take gso=pass|software and max_burst (at once).
+        /// next frontend connection, e.g. when its QEMU restarts) and max_burst=N|off,
+        /// gro=on|off, rate=MBIT|off, burst=KB (at once); uplinks take gso=pass|software and max_burst (at once).
         #[arg(required = true)]
         settings: Vec<String>,
     },
@@ -217,6 +217,12 @@ fn print_counters(s: &Snapshot) {
         s.max_mss,
         s.csum_completed
     );
+    if s.tx_holds > 0 {
+        println!(
+            "  rate: TX queue held {} times, {} us in all",
+            s.tx_holds, s.tx_throttled_us
+        );
+    }
     if s.gro_frames > 0 {
         println!(
             "  gro: {} frames from {} segments",

@@ -34,6 +34,9 @@ pub struct Counters {
     /// GSO frames GRO built for this guest, and the segments they hold.
     pub gro_frames: AtomicU64,
     pub gro_segments: AtomicU64,
+    /// `rate=`: times the endpoint's TX queue was held, and for how long in all (µs).
+    pub tx_holds: AtomicU64,
+    pub tx_throttled_us: AtomicU64,
     /// Learned addresses that moved to this endpoint from another.
     pub mac_moves: AtomicU64,
     drops: DropCounters,
@@ -70,6 +73,10 @@ pub struct Snapshot {
     pub gro_frames: u64,
     #[serde(default)]
     pub gro_segments: u64,
+    #[serde(default)]
+    pub tx_holds: u64,
+    #[serde(default)]
+    pub tx_throttled_us: u64,
     /// Non-zero drop counters by `DropReason::name`.
     pub drops: BTreeMap<String, u64>,
 }
@@ -126,6 +133,12 @@ impl Counters {
         self.gro_segments.fetch_add(segments as u64, Relaxed);
     }
 
+    /// The endpoint's TX queue held for `for_us` µs by its rate limit.
+    pub fn throttled(&self, for_us: u64) {
+        self.tx_holds.fetch_add(1, Relaxed);
+        self.tx_throttled_us.fetch_add(for_us, Relaxed);
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let g = |c: &AtomicU64| c.load(Relaxed);
         Snapshot {
@@ -146,6 +159,8 @@ impl Counters {
             mac_moves: g(&self.mac_moves),
             gro_frames: g(&self.gro_frames),
             gro_segments: g(&self.gro_segments),
+            tx_holds: g(&self.tx_holds),
+            tx_throttled_us: g(&self.tx_throttled_us),
             drops: DropReason::ALL
                 .iter()
                 .map(|&r| (r.name().to_string(), self.drops(r)))

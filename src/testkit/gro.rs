@@ -179,6 +179,9 @@ pub fn segment(flow: &Flow, i: usize, off: usize, len: usize, t: Twist) -> (Virt
     (hdr, f)
 }
 
+/// One frame offered: header and bytes.
+pub type Input = (VirtioNetHdr, Vec<u8>);
+
 /// One frame out of the coalescer: header, bytes, segments it holds.
 pub type Out = (VirtioNetHdr, Vec<u8>, usize);
 
@@ -300,7 +303,7 @@ fn take(d: &mut &[u8], n: usize) -> u32 {
 /// Decodes fuzz input: up to 3 flows (a shape byte, an MSS, a sequence start each),
 /// then per segment (3 bytes): which flow, what twist, how to step (next, skip one,
 /// repeat the last). Returns the flows and what is offered.
-pub fn decode(mut d: &[u8]) -> (Vec<Flow>, Vec<(VirtioNetHdr, Vec<u8>)>, usize) {
+pub fn decode(mut d: &[u8]) -> (Vec<Flow>, Vec<Input>, usize) {
     let nflows = 1 + take(&mut d, 1) as usize % 3;
     let split = take(&mut d, 1) as usize;
     let flows: Vec<Flow> = (0..nflows)

@@ -16,7 +16,7 @@ use super::protocol::{Applied, PortReport, Reply, Request, StatsReport, UplinkRe
 use crate::backend::ratelimit::LogLimit;
 use crate::backend::uplink::Uplink;
 use crate::backend::vhost::port::Port;
-use crate::config::{parse_max_burst, parse_on_off};
+use crate::config::{parse_max_burst, parse_on_off, parse_rate, RateLimit, BURST_KB_MAX};
 
 /// Everything the control socket reports on and changes.
 pub struct Registry {
@@ -76,8 +76,21 @@ fn apply(r: &Registry, target: &str, settings: &[(String, String)]) -> Result<Ap
             let mut mask = p.mask();
             let mut burst = p.max_burst();
             let mut gro = None;
+            let mut rate = p.rate().map(|r| r.mbit);
+            let mut rate_burst = p.rate().map(|r| r.burst_kb);
+            let mut rate_set = false;
             for (k, v) in settings {
-                if k == "max_burst" {
+                if k == "rate" {
+                    rate = parse_rate(v).map_err(|e| format!("rate={v}: {e}"))?;
+                    rate_set = true;
+                } else if k == "burst" {
+                    let kb = v.parse().ok().filter(|n| (1..=BURST_KB_MAX).contains(n));
+                    rate_burst =
+                        Some(kb.ok_or_else(|| {
+                            format!("burst={v}: must be 1..{BURST_KB_MAX} (KiB)")
+                        })?);
+                    rate_set = true;
+                } else if k == "max_burst" {
                     burst = parse_max_burst(v).map_err(|e| format!("max_burst={v}: {e}"))?;
                 } else if k == "gro" {
                     gro = Some(parse_on_off(v).map_err(|e| format!("{k}={v}: {e}"))?);
@@ -92,6 +105,10 @@ fn apply(r: &Registry, target: &str, settings: &[(String, String)]) -> Result<Ap
             p.set_max_burst(burst);
             if let Some(on) = gro {
                 p.set_gro(on);
+            }
+            if rate_set {
+                let b = if rate.is_some() { rate_burst } else { None };
+                p.set_rate(RateLimit::with_burst(rate, b)?);
             }
             Ok(Applied::Port {
                 port: p.name(),

@@ -43,6 +43,11 @@ fn hello_id(queue_pairs: usize) -> u64 {
     queue_pairs as u64 * 2 + 1
 }
 
+/// Listener id of a worker's rate-limit timer (`tx::hold`).
+fn wake_id(queue_pairs: usize) -> u64 {
+    hello_id(queue_pairs) + 1
+}
+
 impl PortBackend {
     pub fn new(port: Arc<Port>, switch: Arc<Switch>) -> io::Result<PortBackend> {
         let exits = (0..port.queue_pairs())
@@ -52,8 +57,8 @@ impl PortBackend {
             .map(|_| EventFd::new(EFD_NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
         let workers = (0..port.queue_pairs())
-            .map(|_| Mutex::new(TxWorker::default()))
-            .collect();
+            .map(|_| TxWorker::with_timer().map(Mutex::new))
+            .collect::<io::Result<Vec<_>>>()?;
         Ok(PortBackend {
             port,
             switch,
@@ -76,7 +81,16 @@ impl PortBackend {
         T: VhostUserBackend,
     {
         let id = hello_id(self.port.queue_pairs());
-        for (h, fd) in handlers.iter().zip(self.hellos.iter()) {
+        let wake = wake_id(self.port.queue_pairs());
+        for ((h, fd), w) in handlers
+            .iter()
+            .zip(self.hellos.iter())
+            .zip(self.workers.iter())
+        {
+            let w = w.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(t) = &w.wake {
+                h.register_listener(t.as_raw_fd(), EventSet::IN, wake)?;
+            }
             h.register_listener(fd.as_raw_fd(), EventSet::IN, id)?;
             fd.write(1)?;
         }
@@ -170,6 +184,17 @@ impl VhostUserBackend for PortBackend {
             1 => {
                 if let (Some(txq), Some(w)) = (vrings.get(1), self.workers.get(pair)) {
                     let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+                    tx::drain(&self.port, &self.switch, pair, txq, &mut w);
+                }
+                Ok(())
+            }
+            e if e as u64 == wake_id(self.port.queue_pairs()) => {
+                // A queue held for its rate may go on.
+                if let (Some(txq), Some(w)) = (vrings.get(1), self.workers.get(pair)) {
+                    let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(t) = w.wake.as_mut() {
+                        let _ = t.wait();
+                    }
                     tx::drain(&self.port, &self.switch, pair, txq, &mut w);
                 }
                 Ok(())

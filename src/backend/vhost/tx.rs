@@ -2,9 +2,12 @@
 //! chain out, check it against what the guest negotiated, and hand the typed frame to
 //! the switch; signal the guest and the destinations once per batch.
 
+use std::time::Duration;
+
 use tracing::{debug, warn};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
+use vmm_sys_util::timerfd::TimerFd;
 
 use super::port::{Port, Vring};
 use crate::backend::switch::deliver::DeliverCtx;
@@ -23,6 +26,8 @@ const TX_BATCH: usize = 256;
 pub struct TxWorker {
     buf: Vec<u8>,
     ctx: DeliverCtx,
+    /// Wakes the worker when a queue held for its `rate=` may go on.
+    pub wake: Option<TimerFd>,
 }
 
 impl Default for TxWorker {
@@ -30,8 +35,39 @@ impl Default for TxWorker {
         TxWorker {
             buf: tx::tx_buffer(),
             ctx: DeliverCtx::default(),
+            wake: None,
         }
     }
+}
+
+impl TxWorker {
+    /// A worker with its rate-limit timer (the daemon's workers).
+    pub fn with_timer() -> std::io::Result<TxWorker> {
+        Ok(TxWorker {
+            wake: Some(crate::sys::fd::nonblocking_timer()?),
+            ..TxWorker::default()
+        })
+    }
+}
+
+/// Bytes `frame` puts on the wire: a GSO frame as the segments it becomes, each with
+/// its own headers.
+fn wire_len(frame: &Frame) -> usize {
+    frame.gso.map_or(frame.len, |g| {
+        frame.len + (g.plan.segments - 1) * g.headers.hdr_len()
+    })
+}
+
+/// Over its `rate=`, the queue is held: nothing more is popped (the guest's own queue
+/// backs up) and the worker's timer wakes it when the debt is paid; never a busy
+/// wait. False: no timer to wake it, so the queue is not held.
+fn hold(port: &Port, wake: &mut Option<TimerFd>, wait: Duration) -> bool {
+    let Some(t) = wake else { return false };
+    if t.reset(wait.max(Duration::from_micros(1)), None).is_err() {
+        return false;
+    }
+    port.stats.throttled(wait.as_micros() as u64);
+    true
 }
 
 /// What software segmentation of `frame` would cost at most: its planned segments.
@@ -45,7 +81,7 @@ pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxW
         return;
     };
     let neg = port.negotiated().unwrap_or_default();
-    let TxWorker { buf, ctx } = w;
+    let TxWorker { buf, ctx, wake } = w;
     // A kick on a queue not (or no longer) set up is not a broken ring: as before,
     // there is nothing to pop (a frontend killed and reattached can kick one).
     if !txq.get_ref().get_queue().ready() {
@@ -59,7 +95,14 @@ pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxW
             break;
         }
         let mut done = 0;
+        let mut held = false;
         while done < TX_BATCH {
+            if let Some(wait) = port.tx_wait() {
+                held = hold(port, wake, wait);
+                if held {
+                    break;
+                }
+            }
             let (chain, qsize) = {
                 let mut st = txq.get_mut();
                 let q = st.get_queue_mut();
@@ -75,7 +118,10 @@ pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxW
                         Ok(frame) if !port.charge_segments(segments(&frame)) => {
                             port.stats.drop(DropReason::SegmentBudget)
                         }
-                        Ok(frame) => switch.forward(Endpoint::Port(port.id), pair, &frame, ctx),
+                        Ok(frame) => {
+                            port.tx_charge(wire_len(&frame));
+                            switch.forward(Endpoint::Port(port.id), pair, &frame, ctx)
+                        }
                         Err(reason) => port.stats.drop(reason),
                     }
                 }
@@ -95,6 +141,9 @@ pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxW
             let _ = txq.signal_used_queue();
         }
         ctx.flush();
+        if held {
+            return; // the timer drains on, notifications stay off meanwhile
+        }
         if done == TX_BATCH {
             continue;
         }
