@@ -114,6 +114,15 @@ pub fn test_eventfd() -> std::os::fd::OwnedFd {
     unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
 }
 
+/// A monotonic timerfd with O_NONBLOCK: a worker reads its expirations without ever
+/// blocking when it re-armed the timer before reading.
+pub fn nonblocking_timer() -> io::Result<vmm_sys_util::timerfd::TimerFd> {
+    let t = vmm_sys_util::timerfd::TimerFd::new()?;
+    // SAFETY: the fd is owned by `t`, open for as long as the borrow.
+    set_nonblocking(unsafe { BorrowedFd::borrow_raw(t.as_raw_fd()) })?;
+    Ok(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,13 +192,4 @@ mod tests {
         assert!(!stat(a.as_fd()).unwrap().regular);
         assert_eq!(seals(a.as_fd()).unwrap(), Seals(0));
     }
-}
-
-/// A monotonic timerfd with O_NONBLOCK: a worker reads its expirations without ever
-/// blocking when it re-armed the timer before reading.
-pub fn nonblocking_timer() -> io::Result<vmm_sys_util::timerfd::TimerFd> {
-    let t = vmm_sys_util::timerfd::TimerFd::new()?;
-    // SAFETY: the fd is owned by `t`, open for as long as the borrow.
-    set_nonblocking(unsafe { BorrowedFd::borrow_raw(t.as_raw_fd()) })?;
-    Ok(t)
 }
