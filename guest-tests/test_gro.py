@@ -2,6 +2,8 @@
 `ethtool -K eth0 tso off gso off` (1448-byte segments only), the receiver A with
 its default device (GUEST_TSO4/6 acked).
 
+- A file from the host through gsonet's tap uplink, with the tap's own TSO and GSO
+  off (the host kernel hands gsonet 1448-byte segments), reaches A coalesced too.
 - A 16 MiB random file B->A keeps its md5 and reaches A as GSO frames gsonet built
   (`gro_frames` > 0 on A's port, several segments each); with `gsonet ctl port:0
   gro=off` the same transfer builds none. IPv6 as well.
@@ -12,16 +14,17 @@ its default device (GUEST_TSO4/6 acked).
 
 import os
 import statistics
+import subprocess
 from types import SimpleNamespace
 
 import pytest
 
 from harness.gsonet import Gsonet, counters_delta
 from harness.guest import Guest
-from harness.hostnet import alloc_subnet
+from harness.hostnet import alloc_subnet, delete_link, set_addr, unique_name
 from harness.iperf import iperf3_guest_client, iperf3_guest_server
 from harness.qemu import vhost_user_netdev
-from harness.transfer import transfer_guest_to_guest
+from harness.transfer import transfer_guest_to_guest, transfer_host_to_guest
 
 SECONDS = int(os.environ.get("GSONET_GRO_SECONDS", "5"))
 ROUNDS = int(os.environ.get("GSONET_GRO_ROUNDS", "3"))
@@ -34,12 +37,15 @@ def pair(guest_env, tmp_path_factory):
     ns = SimpleNamespace(
         ip_a=f"10.77.{n}.2", ip_b=f"10.77.{n}.3",
         ip6_a=f"fd00:77:{n}::2", ip6_b=f"fd00:77:{n}::3",
+        host_ip=f"10.77.{n}.1", tap=unique_name("gro"),
         a=None, b=None,
     )
     socks = [str(work / "a.sock"), str(work / "b.sock")]
-    ns.gs = Gsonet([f"socket={s}" for s in socks], workdir=work, name="gsonet-gro")
+    ns.gs = Gsonet([f"socket={s}" for s in socks], [f"tap={ns.tap}"], workdir=work,
+                   name="gsonet-gro")
     try:
         ns.gs.start()
+        set_addr(ns.tap, f"{ns.host_ip}/24")
         ns.a = Guest("gro-a", vhost_user_netdev(socks[0]),
                      ip=f"{ns.ip_a}/24", ip6=f"{ns.ip6_a}/64")
         ns.b = Guest("gro-b", vhost_user_netdev(socks[1]),
@@ -62,6 +68,7 @@ def pair(guest_env, tmp_path_factory):
             if g is not None:
                 g.shutdown()
         ns.gs.stop()
+        delete_link(ns.tap)
 
 
 def _port_a_delta(ns, fn):
@@ -105,6 +112,18 @@ def test_gro_off_builds_nothing(pair):
         assert d["rx_frames"] > 8 * 1048576 // 1514, d
     finally:
         pair.gs.ctl("port:0", "gro=on")
+
+
+@pytest.mark.slow
+def test_host_segments_from_the_tap_arrive_coalesced(pair):
+    # The host kernel segments what it sends through the tap itself.
+    subprocess.run(["ethtool", "-K", pair.tap, "tso", "off", "gso", "off"], check=True)
+    r, d = _port_a_delta(pair, lambda: transfer_host_to_guest(pair.a, pair.host_ip, mib=16))
+    assert r["ok"], (r, d, pair.gs.stats_text())
+    up = pair.gs.stats()["uplinks"][0]["stats"]
+    assert up["tx_max_frame"] <= 1514, up
+    assert d["gro_frames"] > 0 and d["gro_segments"] >= 2 * d["gro_frames"], d
+    assert d["gso_passed"] == 0, d
 
 
 def _input_irqs(g: Guest) -> int:
