@@ -82,3 +82,17 @@ def test_iperf3_under_a_200_mbit_limit(pair, record_measurement):
     finally:
         pair.b.ethtool_set(tso=True, gso=True)
         pair.gs.ctl("port:1", "rate=off")
+
+
+@pytest.mark.slow
+def test_receiver_rx_rate_holds_the_sender(pair, record_measurement):
+    pair.gs.ctl("port:0", "rx_rate=200")
+    try:
+        iperf3_guest_server(pair.a)
+        gbps, d = _b_delta(pair, lambda: iperf3_guest_client(pair.b, pair.ip_a,
+                                                              seconds=SECONDS))
+        record_measurement("rate.200.rx_mbit", gbps * 1000)
+        assert d["tx_holds"] > 0, d
+        assert "rate_limited" not in d["drops"], d
+    finally:
+        pair.gs.ctl("port:0", "rx_rate=off")

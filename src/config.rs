@@ -153,6 +153,8 @@ pub struct PortConfig {
     pub gro: bool,
     /// `rate=MBIT[,burst=KB]`: what the guest may send, in bytes on the wire.
     pub rate: Option<RateLimit>,
+    /// `rx_rate=MBIT[,rx_burst=KB]`: what the guest may receive.
+    pub rx_rate: Option<RateLimit>,
     /// Most addresses the switch learns on this port; past it, the port's own oldest
     /// address is forgotten.
     pub mac_limit: usize,
@@ -230,6 +232,9 @@ pub struct UplinkConfig {
     pub queues: Option<u16>,
     pub gso: GsoMode,
     pub max_burst: Option<usize>,
+    /// `rate=MBIT[,burst=KB]`: what the uplink may send into gsonet; the rest is
+    /// dropped at the tail (`rate_limited`).
+    pub rate: Option<RateLimit>,
 }
 
 pub const MAX_QUEUE_PAIRS: u16 = 16;
@@ -301,7 +306,7 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, rx_rate, rx_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
     /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,socket_mode=0660][,socket_group=GROUP]
@@ -325,6 +330,7 @@ impl PortConfig {
             mac_lock: false,
             gro: true,
             rate: None,
+            rx_rate: None,
             mac_limit: PORT_MAC_LIMIT,
             allow_unsealed_memory: false,
             access: SocketAccess {
@@ -337,6 +343,8 @@ impl PortConfig {
         let mut access_key = None;
         let mut rate = None;
         let mut burst = None;
+        let mut rx_rate = None;
+        let mut rx_burst = None;
         for (k, v) in kv {
             match k.as_str() {
                 "socket" | "path" => c.socket = PathBuf::from(&v),
@@ -351,6 +359,8 @@ impl PortConfig {
                 "gro" => c.gro = on_off(W, &k, &v)?,
                 "rate" => rate = parse_rate(&v).map_err(|e| bad(W, &k, &v, e))?,
                 "burst" => burst = Some(number(W, &k, &v, 1, BURST_KB_MAX)?),
+                "rx_rate" => rx_rate = parse_rate(&v).map_err(|e| bad(W, &k, &v, e))?,
+                "rx_burst" => rx_burst = Some(number(W, &k, &v, 1, BURST_KB_MAX)?),
                 "mac_limit" => {
                     let (lo, hi) = MAC_LIMIT_RANGE;
                     c.mac_limit = number(W, &k, &v, lo, hi)?;
@@ -388,6 +398,8 @@ impl PortConfig {
             });
         }
         c.rate = RateLimit::with_burst(rate, burst).map_err(|e| bad(W, "burst", "", e))?;
+        c.rx_rate =
+            RateLimit::with_burst(rx_rate, rx_burst).map_err(|e| bad(W, "rx_burst", "", e))?;
         if c.mac_lock && c.mac.is_none() {
             return Err(bad(
                 W,
@@ -440,7 +452,7 @@ impl PortConfig {
 
 impl UplinkConfig {
     pub const KEYS: &'static str =
-        "tap or dev, queues, gso (pass|software), max_burst, bypass (dev only, on|off)";
+        "tap or dev, queues, gso (pass|software), max_burst, rate, burst, bypass (dev only, on|off)";
 
     /// Parses `tap=NAME|dev=IFNAME[,queues=N][,gso=pass|software][,max_burst=N][,bypass=on|off]`.
     pub fn parse(s: &str) -> Result<UplinkConfig, ConfigError> {
@@ -455,8 +467,11 @@ impl UplinkConfig {
             queues: None,
             gso: GsoMode::Pass,
             max_burst: None,
+            rate: None,
         };
         let mut bypass = None;
+        let mut rate = None;
+        let mut burst = None;
         for (k, v) in kv {
             match k.as_str() {
                 "tap" | "dev" => {
@@ -479,6 +494,8 @@ impl UplinkConfig {
                 "gso" => c.gso = v.parse().map_err(|e| bad(W, &k, &v, e))?,
                 "max_burst" => c.max_burst = max_burst(W, &k, &v)?,
                 "bypass" => bypass = Some((on_off(W, &k, &v)?, v)),
+                "rate" => rate = parse_rate(&v).map_err(|e| bad(W, &k, &v, e))?,
+                "burst" => burst = Some(number(W, &k, &v, 1, BURST_KB_MAX)?),
                 _ => {
                     return Err(ConfigError::UnknownKey {
                         what: W,
@@ -492,6 +509,7 @@ impl UplinkConfig {
             what: W,
             key: "tap or dev",
         })?;
+        c.rate = RateLimit::with_burst(rate, burst).map_err(|e| bad(W, "burst", "", e))?;
         if let Some((on, v)) = bypass {
             match &mut c.kind {
                 UplinkKind::Dev { bypass, .. } => *bypass = on,
@@ -842,6 +860,21 @@ mod tests {
         assert!(p.gro);
         assert_eq!(PortConfig::parse("socket=a,rate=off").unwrap().rate, None);
         assert!(err("socket=a,burst=64").contains("burst= needs rate="));
+        let p = PortConfig::parse("socket=a,rx_rate=300,rx_burst=32").unwrap();
+        assert_eq!(
+            p.rx_rate,
+            Some(RateLimit {
+                mbit: 300,
+                burst_kb: 32
+            })
+        );
+        assert!(err("socket=a,rx_burst=32").contains("burst= needs rate="));
+        let u = UplinkConfig::parse("tap=t0,rate=100").unwrap();
+        assert_eq!(
+            u.rate.map(|r| (r.mbit, r.burst_kb)),
+            Some((100, BURST_KB_DEFAULT))
+        );
+        assert!(UplinkConfig::parse("tap=t0,burst=5").is_err());
         assert!(err("socket=a,rate=0.5").contains("Mbit/s"));
         assert!(err("socket=a,rate=200,burst=0").contains("burst"));
         let p = PortConfig::parse("socket=a,mac=52:54:00:00:00:01,mac_lock=on").unwrap();

@@ -59,7 +59,8 @@ Logging: RUST_LOG=gsonet=debug")]
         target: String,
         /// KEY=VALUE settings: ports take the offload switches (=on|off, applied to the
         /// next frontend connection, e.g. when its QEMU restarts) and max_burst=N|off,
-        /// gro=on|off, rate=MBIT|off, burst=KB (at once); uplinks take gso=pass|software and max_burst (at once).
+        /// gro=on|off, rate=MBIT|off, burst=KB, rx_rate=MBIT|off, rx_burst=KB (at once);
+        /// uplinks take gso=pass|software and max_burst (at once).
         #[arg(required = true)]
         settings: Vec<String>,
     },

@@ -79,8 +79,23 @@ fn apply(r: &Registry, target: &str, settings: &[(String, String)]) -> Result<Ap
             let mut rate = p.rate().map(|r| r.mbit);
             let mut rate_burst = p.rate().map(|r| r.burst_kb);
             let mut rate_set = false;
+            let mut rx_rate = p.rx_rate().map(|r| r.mbit);
+            let mut rx_burst = p.rx_rate().map(|r| r.burst_kb);
+            let mut rx_set = false;
+            let kib = |k: &str, v: &str| -> Result<u64, String> {
+                v.parse()
+                    .ok()
+                    .filter(|n| (1..=BURST_KB_MAX).contains(n))
+                    .ok_or_else(|| format!("{k}={v}: must be 1..{BURST_KB_MAX} (KiB)"))
+            };
             for (k, v) in settings {
-                if k == "rate" {
+                if k == "rx_rate" {
+                    rx_rate = parse_rate(v).map_err(|e| format!("rx_rate={v}: {e}"))?;
+                    rx_set = true;
+                } else if k == "rx_burst" {
+                    rx_burst = Some(kib(k, v)?);
+                    rx_set = true;
+                } else if k == "rate" {
                     rate = parse_rate(v).map_err(|e| format!("rate={v}: {e}"))?;
                     rate_set = true;
                 } else if k == "burst" {
@@ -109,6 +124,10 @@ fn apply(r: &Registry, target: &str, settings: &[(String, String)]) -> Result<Ap
             if rate_set {
                 let b = if rate.is_some() { rate_burst } else { None };
                 p.set_rate(RateLimit::with_burst(rate, b)?);
+            }
+            if rx_set {
+                let b = if rx_rate.is_some() { rx_burst } else { None };
+                p.set_rx_rate(RateLimit::with_burst(rx_rate, b)?);
             }
             Ok(Applied::Port {
                 port: p.name(),

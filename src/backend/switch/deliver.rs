@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::SwitchPort;
 use crate::features::Caps;
@@ -24,6 +25,12 @@ pub trait Destination {
     fn gro(&self) -> bool {
         false
     }
+    /// `rx_rate=`: `None` while it may receive; else how long until it may again.
+    fn rx_wait(&self) -> Option<Duration> {
+        None
+    }
+    /// Charges `wire` bytes delivered to it to its `rx_rate=`.
+    fn rx_charge(&self, _wire: usize) {}
     /// Hands over one frame through queue `queue`; on failure, why.
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason>;
     fn stats(&self) -> &Counters;
@@ -110,6 +117,11 @@ pub struct DeliverCtx {
     pub segmenter: Segmenter,
     pub pending: Pending,
     pub gro: Gro,
+    /// The sender can be held (a guest's TX queue): a destination over its
+    /// `rx_rate=` holds it rather than losing the frame.
+    pub can_hold: bool,
+    /// The longest hold a destination asked for since the last `take_hold`.
+    hold: Option<Duration>,
 }
 
 impl DeliverCtx {
@@ -122,6 +134,36 @@ impl DeliverCtx {
             gro.spare.push(g.co);
         }
         self.pending.flush();
+    }
+
+    /// The state of a sender that can be held (a guest's TX queue worker).
+    pub fn holding() -> DeliverCtx {
+        DeliverCtx {
+            can_hold: true,
+            ..DeliverCtx::default()
+        }
+    }
+
+    /// How long the sender should wait for the destinations it went over the rate
+    /// of (`rx_rate=`), once.
+    pub fn take_hold(&mut self) -> Option<Duration> {
+        self.hold.take()
+    }
+
+    /// Whether `frame` may go to `dst` under its `rx_rate=`: charged if so. A
+    /// destination in debt holds a sender that can be held (the frame still goes,
+    /// the sender waits before its next one) and drops the frame of one that
+    /// cannot (`rate_limited`).
+    pub fn rx_admit(&mut self, dst: &dyn Destination, frame: &Frame) -> bool {
+        if let Some(wait) = dst.rx_wait() {
+            if !self.can_hold {
+                dst.stats().drop(DropReason::RateLimited);
+                return false;
+            }
+            self.hold = self.hold.max(Some(wait));
+        }
+        dst.rx_charge(frame.wire_len());
+        true
     }
 
     /// Offers `frame` for guest `port`'s queue `queue` to GRO. True: taken (it leaves

@@ -103,6 +103,7 @@ fn handle_frame<D: UplinkDevice>(
     let parts = [&bytes[hl..]];
     up.stats.tx(bytes.len() - hl);
     match Frame::from_device(hdr, &parts) {
+        Ok(frame) if !up.admit(frame.wire_len()) => up.stats.drop(DropReason::RateLimited),
         Ok(frame) => forward_holding(switch, Endpoint::Uplink(id), queue, &frame, ctx, held),
         Err(reason) => up.stats.drop(reason),
     }

@@ -62,6 +62,8 @@ pub struct Port {
     gro: AtomicBool,
     /// Runtime `rate=`: what the guest may send, and its bucket.
     tx_rate: RwLock<Option<(RateLimit, ByteRate)>>,
+    /// Runtime `rx_rate=`: what the guest may receive.
+    rx_rate: RwLock<Option<(RateLimit, ByteRate)>>,
     pub stats: Counters,
 }
 
@@ -78,6 +80,7 @@ impl Port {
             max_burst: AtomicUsize::new(cfg.max_burst.unwrap_or(0)),
             gro: AtomicBool::new(cfg.gro),
             tx_rate: RwLock::new(cfg.rate.map(|r| (r, ByteRate::new(r.mbit, r.burst_kb)))),
+            rx_rate: RwLock::new(cfg.rx_rate.map(|r| (r, ByteRate::new(r.mbit, r.burst_kb)))),
             stall: StallClock::default(),
             segment_budget: TokenBucket::new(SEGMENTS_PER_SEC, SEGMENTS_BURST),
             log: LogLimit::default(),
@@ -103,6 +106,18 @@ impl Port {
     /// A new `rate=` (a fresh bucket), at once.
     pub fn set_rate(&self, r: Option<RateLimit>) {
         *self.tx_rate.write().unwrap_or_else(|e| e.into_inner()) =
+            r.map(|r| (r, ByteRate::new(r.mbit, r.burst_kb)));
+    }
+
+    /// The guest's `rx_rate=`, if limited.
+    pub fn rx_rate(&self) -> Option<RateLimit> {
+        let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
+        r.as_ref().map(|(l, _)| *l)
+    }
+
+    /// A new `rx_rate=` (a fresh bucket), at once.
+    pub fn set_rx_rate(&self, r: Option<RateLimit>) {
+        *self.rx_rate.write().unwrap_or_else(|e| e.into_inner()) =
             r.map(|r| (r, ByteRate::new(r.mbit, r.burst_kb)));
     }
 
@@ -300,6 +315,19 @@ impl Destination for Port {
 
     fn gro(&self) -> bool {
         self.gro.load(Ordering::Relaxed)
+    }
+
+    fn rx_wait(&self) -> Option<std::time::Duration> {
+        let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
+        r.as_ref()
+            .and_then(|(_, b)| b.wait_at(std::time::Instant::now()))
+    }
+
+    fn rx_charge(&self, wire: usize) {
+        let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, b)) = r.as_ref() {
+            b.charge_at(wire as u64, std::time::Instant::now());
+        }
     }
 
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {

@@ -34,7 +34,7 @@ impl Default for TxWorker {
     fn default() -> Self {
         TxWorker {
             buf: tx::tx_buffer(),
-            ctx: DeliverCtx::default(),
+            ctx: DeliverCtx::holding(),
             wake: None,
         }
     }
@@ -48,14 +48,6 @@ impl TxWorker {
             ..TxWorker::default()
         })
     }
-}
-
-/// Bytes `frame` puts on the wire: a GSO frame as the segments it becomes, each with
-/// its own headers.
-fn wire_len(frame: &Frame) -> usize {
-    frame.gso.map_or(frame.len, |g| {
-        frame.len + (g.plan.segments - 1) * g.headers.hdr_len()
-    })
 }
 
 /// Over its `rate=`, the queue is held: nothing more is popped (the guest's own queue
@@ -97,7 +89,8 @@ pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxW
         let mut done = 0;
         let mut held = false;
         while done < TX_BATCH {
-            if let Some(wait) = port.tx_wait() {
+            // Its own `rate=`, or a destination's `rx_rate=` it went over.
+            if let Some(wait) = port.tx_wait().max(ctx.take_hold()) {
                 held = hold(port, wake, wait);
                 if held {
                     break;
@@ -119,7 +112,7 @@ pub fn drain(port: &Port, switch: &Switch, pair: usize, txq: &Vring, w: &mut TxW
                             port.stats.drop(DropReason::SegmentBudget)
                         }
                         Ok(frame) => {
-                            port.tx_charge(wire_len(&frame));
+                            port.tx_charge(frame.wire_len());
                             switch.forward(Endpoint::Port(port.id), pair, &frame, ctx)
                         }
                         Err(reason) => port.stats.drop(reason),
