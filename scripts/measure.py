@@ -85,7 +85,7 @@ def run(args) -> dict:
                             _measure_setup(s, args, res)
                             if s.gsonet is not None:
                                 # drops and GSO counters explain a surprising number
-                                res["gsonet_stats"][f"{topo}|round{r + 1}"] = s.gsonet.stats()
+                                res["gsonet_stats"][f"{backend}|{topo}|round{r + 1}"] = s.gsonet.stats()
                                 if args.gsonet_stats:
                                     print(f"\ngsonet stats after round {r + 1} ({topo}):\n"
                                           f"{s.gsonet.stats_text()}", flush=True)

@@ -149,6 +149,12 @@ pub struct PortConfig {
     pub trunk: Option<VlanSet>,
     /// Port security: the guest may send only from `mac` (needs `mac`).
     pub mac_lock: bool,
+    /// GRO: coalesce TCP segments into GSO frames for a guest that accepts TSO.
+    pub gro: bool,
+    /// `rate=MBIT[,burst=KB]`: what the guest may send, in bytes on the wire.
+    pub rate: Option<RateLimit>,
+    /// `rx_rate=MBIT[,rx_burst=KB]`: what the guest may receive.
+    pub rx_rate: Option<RateLimit>,
     /// Most addresses the switch learns on this port; past it, the port's own oldest
     /// address is forgotten.
     pub mac_limit: usize,
@@ -172,6 +178,44 @@ pub const MAX_TX_POLL_US: u32 = 1000;
 /// Largest `rx_coalesce_usecs` and `rx_coalesce_frames`.
 pub const MAX_RX_COALESCE_USECS: u32 = 10_000;
 pub const MAX_RX_COALESCE_FRAMES: u32 = 1024;
+/// A byte rate on what an endpoint sends: megabits (10^6) a second on the wire, and
+/// how much an idle sender saves up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    pub mbit: u64,
+    pub burst_kb: u64,
+}
+
+/// Largest `rate=` (Mbit/s) and `burst=` (KiB).
+pub const RATE_MBIT_MAX: u64 = 1_000_000;
+pub const BURST_KB_MAX: u64 = 1 << 20;
+/// `burst=` unless given: two 64 KiB GSO frames.
+pub const BURST_KB_DEFAULT: u64 = 128;
+
+/// A `rate` value: 1..1000000 (Mbit/s), or `off`.
+pub fn parse_rate(v: &str) -> Result<Option<u64>, String> {
+    match v {
+        "off" | "none" | "0" => Ok(None),
+        _ => match v.parse::<u64>() {
+            Ok(n) if (1..=RATE_MBIT_MAX).contains(&n) => Ok(Some(n)),
+            _ => Err(format!("must be 1..{RATE_MBIT_MAX} (Mbit/s) or off")),
+        },
+    }
+}
+
+impl RateLimit {
+    /// `rate` and `burst` as given; a burst without a rate is an error.
+    pub fn with_burst(rate: Option<u64>, burst: Option<u64>) -> Result<Option<RateLimit>, String> {
+        match (rate, burst) {
+            (None, Some(_)) => Err("burst= needs rate=".into()),
+            (None, None) => Ok(None),
+            (Some(mbit), b) => Ok(Some(RateLimit {
+                mbit,
+                burst_kb: b.unwrap_or(BURST_KB_DEFAULT),
+            })),
+        }
+    }
+}
 
 /// Addresses a port may have learned at once, unless `mac_limit=` says otherwise.
 pub const PORT_MAC_LIMIT: usize = 256;
@@ -201,6 +245,9 @@ pub struct UplinkConfig {
     pub queues: Option<u16>,
     pub gso: GsoMode,
     pub max_burst: Option<usize>,
+    /// `rate=MBIT[,burst=KB]`: what the uplink may send into gsonet; the rest is
+    /// dropped at the tail (`rate_limited`).
+    pub rate: Option<RateLimit>,
 }
 
 pub const MAX_QUEUE_PAIRS: u16 = 16;
@@ -272,7 +319,7 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, rx_coalesce_usecs, rx_coalesce_frames, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, rx_rate, rx_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, rx_coalesce_usecs, rx_coalesce_frames, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
     /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,socket_mode=0660][,socket_group=GROUP]
@@ -294,6 +341,9 @@ impl PortConfig {
             vlan: None,
             trunk: None,
             mac_lock: false,
+            gro: true,
+            rate: None,
+            rx_rate: None,
             mac_limit: PORT_MAC_LIMIT,
             allow_unsealed_memory: false,
             access: SocketAccess {
@@ -307,6 +357,10 @@ impl PortConfig {
         let mut trunk = None;
         let mut allowed = None;
         let mut access_key = None;
+        let mut rate = None;
+        let mut burst = None;
+        let mut rx_rate = None;
+        let mut rx_burst = None;
         for (k, v) in kv {
             match k.as_str() {
                 "socket" | "path" => c.socket = PathBuf::from(&v),
@@ -318,6 +372,11 @@ impl PortConfig {
                 "max_burst" => c.max_burst = max_burst(W, &k, &v)?,
                 "vlan" => c.vlan = Vid::new(number(W, &k, &v, Vid::MIN, Vid::MAX)?),
                 "mac_lock" => c.mac_lock = on_off(W, &k, &v)?,
+                "gro" => c.gro = on_off(W, &k, &v)?,
+                "rate" => rate = parse_rate(&v).map_err(|e| bad(W, &k, &v, e))?,
+                "burst" => burst = Some(number(W, &k, &v, 1, BURST_KB_MAX)?),
+                "rx_rate" => rx_rate = parse_rate(&v).map_err(|e| bad(W, &k, &v, e))?,
+                "rx_burst" => rx_burst = Some(number(W, &k, &v, 1, BURST_KB_MAX)?),
                 "mac_limit" => {
                     let (lo, hi) = MAC_LIMIT_RANGE;
                     c.mac_limit = number(W, &k, &v, lo, hi)?;
@@ -361,6 +420,9 @@ impl PortConfig {
                 key: "socket",
             });
         }
+        c.rate = RateLimit::with_burst(rate, burst).map_err(|e| bad(W, "burst", "", e))?;
+        c.rx_rate =
+            RateLimit::with_burst(rx_rate, rx_burst).map_err(|e| bad(W, "rx_burst", "", e))?;
         if c.mac_lock && c.mac.is_none() {
             return Err(bad(
                 W,
@@ -413,7 +475,7 @@ impl PortConfig {
 
 impl UplinkConfig {
     pub const KEYS: &'static str =
-        "tap or dev, queues, gso (pass|software), max_burst, bypass (dev only, on|off)";
+        "tap or dev, queues, gso (pass|software), max_burst, rate, burst, bypass (dev only, on|off)";
 
     /// Parses `tap=NAME|dev=IFNAME[,queues=N][,gso=pass|software][,max_burst=N][,bypass=on|off]`.
     pub fn parse(s: &str) -> Result<UplinkConfig, ConfigError> {
@@ -428,8 +490,11 @@ impl UplinkConfig {
             queues: None,
             gso: GsoMode::Pass,
             max_burst: None,
+            rate: None,
         };
         let mut bypass = None;
+        let mut rate = None;
+        let mut burst = None;
         for (k, v) in kv {
             match k.as_str() {
                 "tap" | "dev" => {
@@ -452,6 +517,8 @@ impl UplinkConfig {
                 "gso" => c.gso = v.parse().map_err(|e| bad(W, &k, &v, e))?,
                 "max_burst" => c.max_burst = max_burst(W, &k, &v)?,
                 "bypass" => bypass = Some((on_off(W, &k, &v)?, v)),
+                "rate" => rate = parse_rate(&v).map_err(|e| bad(W, &k, &v, e))?,
+                "burst" => burst = Some(number(W, &k, &v, 1, BURST_KB_MAX)?),
                 _ => {
                     return Err(ConfigError::UnknownKey {
                         what: W,
@@ -465,6 +532,7 @@ impl UplinkConfig {
             what: W,
             key: "tap or dev",
         })?;
+        c.rate = RateLimit::with_burst(rate, burst).map_err(|e| bad(W, "burst", "", e))?;
         if let Some((on, v)) = bypass {
             match &mut c.kind {
                 UplinkKind::Dev { bypass, .. } => *bypass = on,
@@ -813,6 +881,39 @@ mod tests {
         }
         assert!(err("socket=a,trunk=maybe,allowed_vlans=1").contains("trunk"));
 
+        let p = PortConfig::parse("socket=a,rate=200,burst=64,gro=off").unwrap();
+        assert_eq!(
+            (p.rate, p.gro),
+            (
+                Some(RateLimit {
+                    mbit: 200,
+                    burst_kb: 64
+                }),
+                false
+            )
+        );
+        let p = PortConfig::parse("socket=a,rate=5").unwrap();
+        assert_eq!(p.rate.map(|r| r.burst_kb), Some(BURST_KB_DEFAULT));
+        assert!(p.gro);
+        assert_eq!(PortConfig::parse("socket=a,rate=off").unwrap().rate, None);
+        assert!(err("socket=a,burst=64").contains("burst= needs rate="));
+        let p = PortConfig::parse("socket=a,rx_rate=300,rx_burst=32").unwrap();
+        assert_eq!(
+            p.rx_rate,
+            Some(RateLimit {
+                mbit: 300,
+                burst_kb: 32
+            })
+        );
+        assert!(err("socket=a,rx_burst=32").contains("burst= needs rate="));
+        let u = UplinkConfig::parse("tap=t0,rate=100").unwrap();
+        assert_eq!(
+            u.rate.map(|r| (r.mbit, r.burst_kb)),
+            Some((100, BURST_KB_DEFAULT))
+        );
+        assert!(UplinkConfig::parse("tap=t0,burst=5").is_err());
+        assert!(err("socket=a,rate=0.5").contains("Mbit/s"));
+        assert!(err("socket=a,rate=200,burst=0").contains("burst"));
         let p = PortConfig::parse("socket=a,mac=52:54:00:00:00:01,mac_lock=on").unwrap();
         assert!(p.mac_lock);
         assert!(!PortConfig::parse("socket=a").unwrap().mac_lock);

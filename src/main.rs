@@ -72,6 +72,7 @@ Logging: RUST_LOG=gsonet=debug")]
         target: String,
         /// KEY=VALUE settings: ports take the offload switches (=on|off, applied to the
         /// next frontend connection, e.g. when its QEMU restarts), max_burst=N|off,
+        /// gro=on|off, rate=MBIT|off, burst=KB, rx_rate=MBIT|off, rx_burst=KB,
         /// rx_coalesce_usecs=N and rx_coalesce_frames=N (at once); uplinks take
         /// gso=pass|software and max_burst (at once).
         #[arg(required = true)]
@@ -273,6 +274,18 @@ fn print_counters(s: &Snapshot) {
         "  notifications: kicks tx {} rx {}  calls tx {} rx {}  tx polls {}",
         s.tx_kicks, s.rx_kicks, s.tx_calls, s.rx_calls, s.tx_polls
     );
+    if s.tx_holds > 0 {
+        println!(
+            "  rate: TX queue held {} times, {} us in all",
+            s.tx_holds, s.tx_throttled_us
+        );
+    }
+    if s.gro_frames > 0 {
+        println!(
+            "  gro: {} frames from {} segments",
+            s.gro_frames, s.gro_segments
+        );
+    }
     if s.mac_moves > 0 {
         println!("  mac moves to it: {}", s.mac_moves);
     }

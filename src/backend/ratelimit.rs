@@ -1,5 +1,6 @@
 //! Rate limits an outsider cannot exceed: a token bucket (the software segmentation a
-//! guest may cause) and a log limiter (the lines one port may write).
+//! guest may cause), a byte rate (`rate=`: what a guest may send) and a log limiter
+//! (the lines one port may write).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -96,6 +97,47 @@ impl Default for LogLimit {
     }
 }
 
+/// A byte rate with debt (`rate=MBIT,burst=KB`): a frame is always let through and
+/// charged in full, and the sender waits while the bucket is in debt. So a frame larger
+/// than the burst still passes, and the average stays at the rate.
+pub struct ByteRate {
+    /// Bytes a second.
+    rate: f64,
+    burst: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl ByteRate {
+    /// `mbit` megabits (10^6) a second, `burst_kb` KiB saved up at most.
+    pub fn new(mbit: u64, burst_kb: u64) -> ByteRate {
+        let burst = (burst_kb * 1024) as f64;
+        ByteRate {
+            rate: mbit as f64 * 1e6 / 8.0,
+            burst,
+            state: Mutex::new((burst, Instant::now())),
+        }
+    }
+
+    /// Charges `bytes` sent at `now`.
+    pub fn charge_at(&self, bytes: u64, now: Instant) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let tokens = self.refilled(*s, now);
+        *s = (tokens - bytes as f64, now);
+    }
+
+    /// `None`: the sender may go on at `now`; else how long until the debt is paid.
+    pub fn wait_at(&self, now: Instant) -> Option<Duration> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let tokens = self.refilled(*s, now);
+        *s = (tokens, now);
+        (tokens < 0.0).then(|| Duration::from_secs_f64(-tokens / self.rate))
+    }
+
+    fn refilled(&self, (tokens, last): (f64, Instant), now: Instant) -> f64 {
+        (tokens + now.saturating_duration_since(last).as_secs_f64() * self.rate).min(self.burst)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +154,28 @@ mod tests {
         // Never more than the burst, however long it rests.
         assert!(!b.take_at(101, t0 + Duration::from_secs(60)));
         assert!(b.take_at(100, t0 + Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn byte_rate_lets_a_frame_through_and_waits_off_its_debt() {
+        // 8 Mbit/s = 1,000,000 bytes/s, 1 KiB burst.
+        let r = ByteRate::new(8, 1);
+        let t0 = Instant::now();
+        assert_eq!(r.wait_at(t0), None);
+        // A 64 KiB frame passes at once and leaves 63 KiB of debt.
+        r.charge_at(65536, t0);
+        let w = r.wait_at(t0).expect("in debt");
+        assert_eq!(w.as_micros(), 64512);
+        // Half way, half the debt; paid off, the sender goes on.
+        let half = r.wait_at(t0 + w / 2).expect("still in debt");
+        assert_eq!(half.as_micros(), 32256);
+        assert_eq!(r.wait_at(t0 + w), None);
+        // Idle time saves up one burst, no more.
+        assert_eq!(r.wait_at(t0 + Duration::from_secs(60)), None);
+        r.charge_at(1024, t0 + Duration::from_secs(60));
+        assert_eq!(r.wait_at(t0 + Duration::from_secs(60)), None);
+        r.charge_at(1, t0 + Duration::from_secs(60));
+        assert!(r.wait_at(t0 + Duration::from_secs(60)).is_some());
     }
 
     #[test]

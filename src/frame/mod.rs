@@ -59,6 +59,14 @@ impl<'a> Frame<'a> {
         })
     }
 
+    /// Bytes it puts on the wire: a GSO frame as the segments it becomes, each with
+    /// its own headers (what rate limits count).
+    pub fn wire_len(&self) -> usize {
+        self.gso.map_or(self.len, |g| {
+            self.len + (g.plan.segments - 1) * g.headers.hdr_len()
+        })
+    }
+
     /// A frame from an uplink device: the kernel built its header, so only what the
     /// datapath needs is checked (a GSO frame must parse and be cuttable).
     pub fn from_device(hdr: VirtioNetHdr, parts: &'a [&'a [u8]]) -> Result<Frame<'a>, DropReason> {

@@ -32,6 +32,9 @@
 
 pub mod csum;
 mod cursor;
+pub mod gro;
+#[cfg(test)]
+mod gro_proptests;
 mod ip;
 mod out;
 pub mod parse;

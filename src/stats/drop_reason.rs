@@ -116,6 +116,8 @@ drop_reasons! {
     SegmentError = "segment_error",
     /// The guest's RX queue had no room for the frame.
     RxQueueFull = "rx_queue_full",
+    /// A frame over a rate limit where its sender cannot be held: from an uplink over its `rate=`, or from an uplink to a guest over its `rx_rate=` (dropped at the tail).
+    RateLimited = "rate_limited",
     /// The guest has kept its RX queue full for 200 ms or more: its frames are dropped at once.
     RxQueueStalled = "rx_queue_stalled",
     /// An RX buffer too small for the frame, and no MRG_RXBUF.

@@ -31,6 +31,12 @@ pub struct Counters {
     pub max_mss: AtomicU64,
     pub min_mss: AtomicU64,
     pub csum_completed: AtomicU64,
+    /// GSO frames GRO built for this guest, and the segments they hold.
+    pub gro_frames: AtomicU64,
+    pub gro_segments: AtomicU64,
+    /// `rate=`: times the endpoint's TX queue was held, and for how long in all (µs).
+    pub tx_holds: AtomicU64,
+    pub tx_throttled_us: AtomicU64,
     /// Learned addresses that moved to this endpoint from another.
     pub mac_moves: AtomicU64,
     /// Guest notifications: wake-ups on its TX and RX kick fds (one wake-up may
@@ -81,6 +87,13 @@ pub struct Snapshot {
     pub rx_calls: u64,
     #[serde(default)]
     pub tx_polls: u64,
+    pub gro_frames: u64,
+    #[serde(default)]
+    pub gro_segments: u64,
+    #[serde(default)]
+    pub tx_holds: u64,
+    #[serde(default)]
+    pub tx_throttled_us: u64,
     /// Non-zero drop counters by `DropReason::name`.
     pub drops: BTreeMap<String, u64>,
 }
@@ -131,6 +144,18 @@ impl Counters {
         set_min(&self.min_mss, mss as u64);
     }
 
+    /// One GSO frame built by GRO from `segments` segments.
+    pub fn coalesced(&self, segments: usize) {
+        self.gro_frames.fetch_add(1, Relaxed);
+        self.gro_segments.fetch_add(segments as u64, Relaxed);
+    }
+
+    /// The endpoint's TX queue held for `for_us` µs by its rate limit.
+    pub fn throttled(&self, for_us: u64) {
+        self.tx_holds.fetch_add(1, Relaxed);
+        self.tx_throttled_us.fetch_add(for_us, Relaxed);
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let g = |c: &AtomicU64| c.load(Relaxed);
         Snapshot {
@@ -154,6 +179,10 @@ impl Counters {
             tx_calls: g(&self.tx_calls),
             rx_calls: g(&self.rx_calls),
             tx_polls: g(&self.tx_polls),
+            gro_frames: g(&self.gro_frames),
+            gro_segments: g(&self.gro_segments),
+            tx_holds: g(&self.tx_holds),
+            tx_throttled_us: g(&self.tx_throttled_us),
             drops: DropReason::ALL
                 .iter()
                 .map(|&r| (r.name().to_string(), self.drops(r)))

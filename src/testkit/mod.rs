@@ -7,6 +7,7 @@ pub mod fuzz_relay;
 pub mod fuzz_ring;
 pub mod fuzz_switch;
 pub mod fuzz_vlan;
+pub mod gro;
 pub mod oracle;
 
 /// `fuzz/corpus/<target>` in the source tree.

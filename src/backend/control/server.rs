@@ -16,7 +16,10 @@ use super::protocol::{Applied, PortReport, Reply, Request, StatsReport, UplinkRe
 use crate::backend::ratelimit::LogLimit;
 use crate::backend::uplink::Uplink;
 use crate::backend::vhost::port::Port;
-use crate::config::{parse_max_burst, parse_on_off, MAX_RX_COALESCE_FRAMES, MAX_RX_COALESCE_USECS};
+use crate::config::{
+    parse_max_burst, parse_on_off, parse_rate, RateLimit, BURST_KB_MAX, MAX_RX_COALESCE_FRAMES,
+    MAX_RX_COALESCE_USECS,
+};
 
 /// Everything the control socket reports on and changes.
 pub struct Registry {
@@ -84,13 +87,44 @@ fn apply(r: &Registry, target: &str, settings: &[(String, String)]) -> Result<Ap
             let mut mask = p.mask();
             let mut burst = p.max_burst();
             let (mut usecs, mut frames) = p.rx_coalesce.settings();
+            let mut gro = None;
+            let mut rate = p.rate().map(|r| r.mbit);
+            let mut rate_burst = p.rate().map(|r| r.burst_kb);
+            let mut rate_set = false;
+            let mut rx_rate = p.rx_rate().map(|r| r.mbit);
+            let mut rx_burst = p.rx_rate().map(|r| r.burst_kb);
+            let mut rx_set = false;
+            let kib = |k: &str, v: &str| -> Result<u64, String> {
+                v.parse()
+                    .ok()
+                    .filter(|n| (1..=BURST_KB_MAX).contains(n))
+                    .ok_or_else(|| format!("{k}={v}: must be 1..{BURST_KB_MAX} (KiB)"))
+            };
             for (k, v) in settings {
-                if k == "max_burst" {
+                if k == "rx_rate" {
+                    rx_rate = parse_rate(v).map_err(|e| format!("rx_rate={v}: {e}"))?;
+                    rx_set = true;
+                } else if k == "rx_burst" {
+                    rx_burst = Some(kib(k, v)?);
+                    rx_set = true;
+                } else if k == "rate" {
+                    rate = parse_rate(v).map_err(|e| format!("rate={v}: {e}"))?;
+                    rate_set = true;
+                } else if k == "burst" {
+                    let kb = v.parse().ok().filter(|n| (1..=BURST_KB_MAX).contains(n));
+                    rate_burst =
+                        Some(kb.ok_or_else(|| {
+                            format!("burst={v}: must be 1..{BURST_KB_MAX} (KiB)")
+                        })?);
+                    rate_set = true;
+                } else if k == "max_burst" {
                     burst = parse_max_burst(v).map_err(|e| format!("max_burst={v}: {e}"))?;
                 } else if k == "rx_coalesce_usecs" {
                     usecs = bounded(k, v, MAX_RX_COALESCE_USECS)?;
                 } else if k == "rx_coalesce_frames" {
                     frames = bounded(k, v, MAX_RX_COALESCE_FRAMES)?;
+                } else if k == "gro" {
+                    gro = Some(parse_on_off(v).map_err(|e| format!("{k}={v}: {e}"))?);
                 } else {
                     let on = parse_on_off(v).map_err(|e| format!("{k}={v}: {e}"))?;
                     if !mask.set(k, on) {
@@ -98,9 +132,31 @@ fn apply(r: &Registry, target: &str, settings: &[(String, String)]) -> Result<Ap
                     }
                 }
             }
+            // Everything is checked before anything changes.
+            let rate = if rate_set {
+                let b = if rate.is_some() { rate_burst } else { None };
+                Some(RateLimit::with_burst(rate, b)?)
+            } else {
+                None
+            };
+            let rx_rate = if rx_set {
+                let b = if rx_rate.is_some() { rx_burst } else { None };
+                Some(RateLimit::with_burst(rx_rate, b)?)
+            } else {
+                None
+            };
             p.set_mask(mask);
             p.set_max_burst(burst);
             p.rx_coalesce.set(usecs, frames);
+            if let Some(on) = gro {
+                p.set_gro(on);
+            }
+            if let Some(r) = rate {
+                p.set_rate(r);
+            }
+            if let Some(r) = rx_rate {
+                p.set_rx_rate(r);
+            }
             Ok(Applied::Port {
                 port: p.name(),
                 offer: format!("{:#x}", p.offered()),

@@ -122,6 +122,26 @@ const COUNTERS: &[CounterFamily] = &[
         value: |s| s.rx_calls,
     },
     CounterFamily {
+        name: "gro_frames_total",
+        help: "GSO frames GRO built for a guest from in-order TCP segments.",
+        value: |s| s.gro_frames,
+    },
+    CounterFamily {
+        name: "gro_segments_total",
+        help: "Segments GRO coalesced into those frames.",
+        value: |s| s.gro_segments,
+    },
+    CounterFamily {
+        name: "tx_holds_total",
+        help: "Times a port's TX queue was held for its rate= or a destination's rx_rate=.",
+        value: |s| s.tx_holds,
+    },
+    CounterFamily {
+        name: "tx_throttled_microseconds_total",
+        help: "Planned hold time of a port's TX queue for rate limits, in all.",
+        value: |s| s.tx_throttled_us,
+    },
+    CounterFamily {
         name: "tx_polls_total",
         help: "Looks at a port's TX queue by the tx_poll_us timer, kicks being off.",
         value: |s| s.tx_polls,

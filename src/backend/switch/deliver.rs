@@ -4,10 +4,12 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::SwitchPort;
 use crate::features::Caps;
 use crate::frame::Frame;
+use crate::segment::gro::{Coalescer, Merged, Offer};
 use crate::segment::{CsumMode, SegmentOpts, Segmenter};
 use crate::stats::{Counters, DropReason};
 use crate::vnet_hdr::{VirtioNetHdr, F_DATA_VALID, F_NEEDS_CSUM};
@@ -19,6 +21,16 @@ pub trait Destination {
     /// Largest L3 packet the operator lets it receive (`max_burst`), if limited.
     /// GSO frames to such a destination are segmented to fit.
     fn max_burst(&self) -> Option<usize>;
+    /// Whether TCP segments for it may be coalesced (`gro=`), when it accepts TSO.
+    fn gro(&self) -> bool {
+        false
+    }
+    /// `rx_rate=`: `None` while it may receive; else how long until it may again.
+    fn rx_wait(&self) -> Option<Duration> {
+        None
+    }
+    /// Charges `wire` bytes delivered to it to its `rx_rate=`.
+    fn rx_charge(&self, _wire: usize) {}
     /// Hands over one frame through queue `queue`; on failure, why.
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason>;
     fn stats(&self) -> &Counters;
@@ -59,18 +71,136 @@ impl Pending {
     }
 }
 
+/// The GRO state of one guest RX queue during a batch.
+struct GroQueue {
+    port: Arc<dyn SwitchPort>,
+    queue: usize,
+    co: Coalescer,
+}
+
+/// GRO toward guests for one sending thread: a coalescer per guest queue written in
+/// the current batch. Nothing stays held past [`DeliverCtx::flush`].
+#[derive(Default)]
+pub struct Gro {
+    queues: Vec<GroQueue>,
+    /// Coalescers of past batches, kept for their buffers.
+    spare: Vec<Coalescer>,
+}
+
+/// Whether GRO applies to a guest port: it asks for it, takes TSO with checksum
+/// offload, and has no `max_burst` (which would cut the frame again).
+fn gro_applies(port: &dyn SwitchPort, caps: Caps) -> bool {
+    port.gro() && caps.csum && (caps.tso4 || caps.tso6) && port.max_burst().is_none()
+}
+
+/// Hands one frame the coalescer let go of to its guest, counted as any delivery.
+fn send_merged(port: &Arc<dyn SwitchPort>, queue: usize, m: &Merged<'_>, pending: &mut Pending) {
+    let stats = port.stats();
+    let hdr = rx_header(&m.vnet, port.caps());
+    match port.send(queue, &hdr, &[m.bytes]) {
+        Ok(()) => {
+            stats.rx(m.bytes.len());
+            if m.segments > 1 {
+                stats.coalesced(m.segments);
+            }
+            pending.rx_written(port, queue);
+        }
+        Err(r) => stats.drop(r),
+    }
+}
+
 /// Delivery state of one sending thread (a queue worker or an uplink reader): the
-/// segmenter's buffers and the signals it owes. Each thread owns its own.
+/// segmenter's buffers, the frames GRO is building and the signals it owes. Each
+/// thread owns its own.
 #[derive(Default)]
 pub struct DeliverCtx {
     pub segmenter: Segmenter,
     pub pending: Pending,
+    pub gro: Gro,
+    /// The sender can be held (a guest's TX queue): a destination over its
+    /// `rx_rate=` holds it rather than losing the frame.
+    pub can_hold: bool,
+    /// The longest hold a destination asked for since the last `take_hold`.
+    hold: Option<Duration>,
 }
 
 impl DeliverCtx {
-    /// Signals every guest queue written since the last flush.
+    /// The end of a batch: hands over every frame GRO holds, then signals every guest
+    /// queue written since the last flush.
     pub fn flush(&mut self) {
+        let DeliverCtx { pending, gro, .. } = self;
+        for mut g in gro.queues.drain(..) {
+            g.co.flush(|m| send_merged(&g.port, g.queue, m, pending));
+            gro.spare.push(g.co);
+        }
         self.pending.flush();
+    }
+
+    /// The state of a sender that can be held (a guest's TX queue worker).
+    pub fn holding() -> DeliverCtx {
+        DeliverCtx {
+            can_hold: true,
+            ..DeliverCtx::default()
+        }
+    }
+
+    /// How long the sender should wait for the destinations it went over the rate
+    /// of (`rx_rate=`), once.
+    pub fn take_hold(&mut self) -> Option<Duration> {
+        self.hold.take()
+    }
+
+    /// Whether `frame` may go to `dst` under its `rx_rate=`: charged if so. A
+    /// destination in debt holds a sender that can be held (the frame still goes,
+    /// the sender waits before its next one) and drops the frame of one that
+    /// cannot (`rate_limited`).
+    pub fn rx_admit(&mut self, dst: &dyn Destination, frame: &Frame) -> bool {
+        if let Some(wait) = dst.rx_wait() {
+            if !self.can_hold {
+                dst.stats().drop(DropReason::RateLimited);
+                return false;
+            }
+            self.hold = self.hold.max(Some(wait));
+        }
+        dst.rx_charge(frame.wire_len());
+        true
+    }
+
+    /// Offers `frame` for guest `port`'s queue `queue` to GRO. True: taken (it leaves
+    /// with a later frame or at the end of the batch); false: the caller delivers it,
+    /// after whatever GRO had to hand over first to keep its flow in order.
+    pub fn gro_offer(&mut self, port: &Arc<dyn SwitchPort>, queue: usize, frame: &Frame) -> bool {
+        let caps = port.caps();
+        if !gro_applies(port.as_ref(), caps) {
+            return false;
+        }
+        let DeliverCtx { pending, gro, .. } = self;
+        let i = match gro
+            .queues
+            .iter()
+            .position(|g| g.queue == queue && Arc::ptr_eq(&g.port, port))
+        {
+            Some(i) => i,
+            None => {
+                gro.queues.push(GroQueue {
+                    port: port.clone(),
+                    queue,
+                    co: gro.spare.pop().unwrap_or_default(),
+                });
+                gro.queues.len() - 1
+            }
+        };
+        let GroQueue {
+            port: p,
+            queue: q,
+            co,
+        } = &mut gro.queues[i];
+        co.accept(caps.tso4, caps.tso6);
+        let headers = frame.gso.as_ref().map(|g| &g.headers);
+        let r = co.offer(&frame.hdr, frame.parts, headers, |m| {
+            send_merged(p, *q, m, pending)
+        });
+        r == Offer::Taken
     }
 }
 

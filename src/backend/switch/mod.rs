@@ -393,6 +393,18 @@ impl Switch {
         match dst {
             Endpoint::Port(i) => {
                 let port = self.ports.get(i)?;
+                if skip == 0 && !ctx.rx_admit(port.as_ref(), frame) {
+                    return Some(Outcome {
+                        path: deliver::Path::Dropped(DropReason::RateLimited),
+                        sent: 0,
+                    });
+                }
+                if skip == 0 && ctx.gro_offer(port, queue, frame) {
+                    return Some(Outcome {
+                        path: deliver::Path::Intact,
+                        sent: 1,
+                    });
+                }
                 let out = deliver(
                     frame,
                     port.as_ref(),
@@ -485,6 +497,8 @@ mod vlan_forwarding {
         trunk: Option<VlanSet>,
         mac: Option<Mac>,
         mac_lock: bool,
+        gro: bool,
+        rx_rate: Option<crate::backend::ratelimit::ByteRate>,
         sent: Mutex<Vec<(VirtioNetHdr, Vec<u8>)>>,
         stats: Counters,
     }
@@ -501,6 +515,18 @@ mod vlan_forwarding {
         }
         fn max_burst(&self) -> Option<usize> {
             None
+        }
+        fn gro(&self) -> bool {
+            self.gro
+        }
+        fn rx_wait(&self) -> Option<Duration> {
+            let r = self.rx_rate.as_ref()?;
+            r.wait_at(Instant::now())
+        }
+        fn rx_charge(&self, wire: usize) {
+            if let Some(r) = &self.rx_rate {
+                r.charge_at(wire as u64, Instant::now());
+            }
         }
         fn send(&self, _: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
             self.sent.lock().unwrap().push((*hdr, parts.concat()));
@@ -929,5 +955,94 @@ mod vlan_forwarding {
         );
         assert_eq!(attempts(&net), [0, 0, 0, 0]);
         assert_eq!(net.up.stats.drops(DropReason::VlanBadOffsets), 1);
+    }
+
+    #[test]
+    fn gro_builds_one_frame_per_batch_for_a_guest_that_asks() {
+        use crate::testkit::gro::{segment, Flow, Twist};
+        let ports = [true, false]
+            .into_iter()
+            .map(|gro| Recorder {
+                gro,
+                ..Recorder::default()
+            })
+            .collect();
+        let net = net(ports);
+        let flow = |sport| Flow {
+            v6: false,
+            vlan: false,
+            timestamps: true,
+            sport,
+            mss: 1448,
+            full: false,
+            valid: false,
+            seq0: 7,
+            id0: 1,
+        };
+        for (port, dst) in [(0, 0xb0), (1, 0xb1)] {
+            let me = Mac([2, 0, 0, 0, 0, dst]);
+            plain(&net, Endpoint::Port(port), &frame(Mac::BROADCAST, me, None));
+            net.up.take();
+            attempts(&net);
+            let rx0 = net.ports[port].stats.snapshot().rx_frames;
+            let mut ctx = DeliverCtx::default();
+            for i in 0..10 {
+                let (hdr, mut f) =
+                    segment(&flow(1000 + port as u16), i, i * 1448, 1448, Twist::None);
+                f[5] = dst;
+                let parts = [&f[..]];
+                let fr = Frame::new(hdr, &parts, None).unwrap();
+                net.sw.forward(Endpoint::Uplink(0), 0, &fr, &mut ctx);
+            }
+            let before = net.ports[port].take().len();
+            ctx.flush();
+            let after = net.ports[port].take();
+            let s = net.ports[port].stats.snapshot();
+            if port == 0 {
+                // Held within the batch, one GSO frame at its end.
+                assert_eq!((before, after.len()), (0, 1));
+                assert_eq!(after[0].0.gso.kind, GsoKind::TcpV4);
+                assert_eq!(
+                    (s.gro_frames, s.gro_segments, s.rx_frames - rx0),
+                    (1, 10, 1)
+                );
+            } else {
+                assert_eq!((before, after.len()), (10, 0));
+                assert_eq!((s.gro_frames, s.rx_frames - rx0), (0, 10));
+            }
+        }
+    }
+
+    #[test]
+    fn rx_rate_holds_a_guest_sender_and_drops_an_uplinks_frames() {
+        use crate::backend::ratelimit::ByteRate;
+        // 1 Mbit/s, 1 KiB burst: one 60 KB frame puts the port in debt for half a second.
+        let limited = || Recorder {
+            rx_rate: Some(ByteRate::new(1, 1)),
+            ..Recorder::default()
+        };
+        let net = net(vec![limited(), Recorder::default()]);
+        let me = Mac([2, 0, 0, 0, 0, 0xb0]);
+        plain(&net, Endpoint::Port(0), &frame(Mac::BROADCAST, me, None));
+        attempts(&net);
+        net.up.take();
+        let big = ethernet(me.0, mac(9).0, &[], 0x0800, &pattern(60000));
+        let parts = [&big[..]];
+        let f = Frame::new(VirtioNetHdr::default(), &parts, None).unwrap();
+        // From a guest (a sender that can be held): delivered, and the sender is
+        // asked to wait before its next frame, once.
+        let mut ctx = DeliverCtx::holding();
+        net.sw.forward(Endpoint::Port(1), 0, &f, &mut ctx);
+        assert_eq!(net.ports[0].take().len(), 1);
+        assert_eq!(ctx.take_hold(), None, "within the burst");
+        net.sw.forward(Endpoint::Port(1), 0, &f, &mut ctx);
+        assert_eq!(net.ports[0].take().len(), 1);
+        assert!(ctx.take_hold().is_some(), "over the rate: hold the sender");
+        assert_eq!(ctx.take_hold(), None);
+        // From an uplink (cannot be held): dropped at the tail and counted.
+        net.sw
+            .forward(Endpoint::Uplink(0), 0, &f, &mut DeliverCtx::default());
+        assert!(net.ports[0].take().is_empty());
+        assert_eq!(net.ports[0].stats.drops(DropReason::RateLimited), 1);
     }
 }

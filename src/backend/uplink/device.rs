@@ -10,6 +10,7 @@ use tracing::info;
 use super::packet::{PacketError, PacketSocket};
 use super::tap::{Tap, TapError};
 use super::{Uplink, UplinkDevice};
+use crate::backend::ratelimit::ByteRate;
 use crate::backend::switch::deliver::Destination;
 use crate::backend::switch::SwitchUplink;
 use crate::config::{GsoMode, UplinkConfig};
@@ -22,6 +23,8 @@ pub struct DeviceUplink<D: UplinkDevice> {
     pub(super) dev: D,
     cfg: RwLock<UplinkConfig>,
     pub(super) stats: Counters,
+    /// `rate=`: what it may send into gsonet.
+    rate: Option<ByteRate>,
 }
 
 /// A tap device gsonet creates.
@@ -57,7 +60,20 @@ impl<D: UplinkDevice> DeviceUplink<D> {
             dev,
             cfg: RwLock::new(cfg.clone()),
             stats: Counters::default(),
+            rate: cfg.rate.map(|r| ByteRate::new(r.mbit, r.burst_kb)),
         }
+    }
+
+    /// Whether a frame of `wire` bytes read from it may go on under its `rate=`
+    /// (charged if so); over the limit it is dropped at the tail.
+    pub(super) fn admit(&self, wire: usize) -> bool {
+        let Some(r) = &self.rate else { return true };
+        let now = std::time::Instant::now();
+        if r.wait_at(now).is_some() {
+            return false;
+        }
+        r.charge_at(wire as u64, now);
+        true
     }
 
     fn cfg(&self) -> UplinkConfig {

@@ -60,6 +60,8 @@ fn read_loop<D: UplinkDevice>(up: &DeviceUplink<D>, id: usize, queue: usize, swi
             thread::sleep(backoff(failures));
         }
         held.retry(switch, &mut ctx);
+        // What GRO took from the retried frames leaves before the wait.
+        ctx.flush();
         match poll_readable(fd, held.poll_timeout(POLL_WAIT)) {
             Err(e) if e.kind() != io::ErrorKind::Interrupted => {
                 error!(uplink = %up.dev.name(), "poll failed: {e}");
@@ -119,6 +121,7 @@ fn handle_frame<D: UplinkDevice>(
     let parts = [&bytes[hl..]];
     up.stats.tx(bytes.len() - hl);
     match Frame::from_device(hdr, &parts) {
+        Ok(frame) if !up.admit(frame.wire_len()) => up.stats.drop(DropReason::RateLimited),
         Ok(frame) => forward_holding(switch, Endpoint::Uplink(id), queue, &frame, ctx, held),
         Err(reason) => up.stats.drop(reason),
     }

@@ -21,7 +21,6 @@ use super::port::{Mem, Port, Vring};
 use super::tx::{self, DrainEnd, TxWorker};
 use crate::backend::switch::Switch;
 use crate::features::Negotiated;
-use crate::sys::timer::OneShotTimer;
 
 /// The `VhostUserBackend` of one port.
 #[derive(Clone)]
@@ -34,9 +33,6 @@ pub struct PortBackend {
     /// One per worker: signalled once at start so each worker hands its vrings to the
     /// port before the guest kicks anything (see `introduce_workers`).
     hellos: Arc<Vec<EventFd>>,
-    /// One per worker: when `tx_poll_us` is set, the timer that looks at its TX queue
-    /// again while the guest's kicks are off.
-    polls: Arc<Vec<OneShotTimer>>,
 }
 
 /// The protocol features offered (the vhost crate adds REPLY_ACK itself). The relay
@@ -49,8 +45,8 @@ fn hello_id(queue_pairs: usize) -> u64 {
     queue_pairs as u64 * 2 + 1
 }
 
-/// Listener id of the TX poll timer.
-fn poll_id(queue_pairs: usize) -> u64 {
+/// Listener id of a worker's TX timer: `tx_poll_us`, or a queue held for its `rate=`.
+fn tx_timer_id(queue_pairs: usize) -> u64 {
     hello_id(queue_pairs) + 1
 }
 
@@ -68,10 +64,7 @@ impl PortBackend {
             .map(|_| EventFd::new(EFD_NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
         let workers = (0..port.queue_pairs())
-            .map(|_| Mutex::new(TxWorker::default()))
-            .collect();
-        let polls = (0..port.queue_pairs())
-            .map(|_| OneShotTimer::new())
+            .map(|_| TxWorker::with_timer().map(Mutex::new))
             .collect::<io::Result<Vec<_>>>()?;
         Ok(PortBackend {
             port,
@@ -79,7 +72,6 @@ impl PortBackend {
             exits: Arc::new(exits),
             workers: Arc::new(workers),
             hellos: Arc::new(hellos),
-            polls: Arc::new(polls),
         })
     }
 
@@ -96,21 +88,25 @@ impl PortBackend {
         T: VhostUserBackend,
     {
         let id = hello_id(self.port.queue_pairs());
-        let poll = poll_id(self.port.queue_pairs());
-        for ((h, fd), timer) in handlers
+        let tx_timer = tx_timer_id(self.port.queue_pairs());
+        for ((h, fd), w) in handlers
             .iter()
             .zip(self.hellos.iter())
-            .zip(self.polls.iter())
+            .zip(self.workers.iter())
         {
-            h.register_listener(timer.as_fd().as_raw_fd(), EventSet::IN, poll)?;
+            let w = w.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(t) = &w.timer {
+                h.register_listener(t.as_fd().as_raw_fd(), EventSet::IN, tx_timer)?;
+            }
             h.register_listener(fd.as_raw_fd(), EventSet::IN, id)?;
             fd.write(1)?;
         }
         Ok(())
     }
 
-    /// Drains TX queue `pair`; when the drain leaves the guest's kicks off, arms the
-    /// pair's poll timer so the queue is looked at again after `tx_poll_us`.
+    /// Drains TX queue `pair`; when the drain leaves the guest's kicks off to poll, arms
+    /// the worker's timer so the queue is looked at again after `tx_poll_us` (a queue
+    /// held for its `rate=` has the timer armed by the drain).
     fn drain_tx(&self, pair: usize, txq: &Vring) {
         let Some(w) = self.workers.get(pair) else {
             return;
@@ -119,12 +115,10 @@ impl PortBackend {
         let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
         let end = tx::drain(&self.port, &self.switch, pair, txq, &mut w, us > 0);
         if end == DrainEnd::Poll {
-            if let Some(timer) = self.polls.get(pair) {
-                let after = Duration::from_micros(u64::from(us));
-                if timer.arm(after).is_err() {
-                    // Without the timer nothing would look at the queue again.
-                    let _ = txq.enable_notification();
-                }
+            let after = Duration::from_micros(u64::from(us));
+            if w.timer.as_ref().is_none_or(|t| t.arm(after).is_err()) {
+                // Without the timer nothing would look at the queue again.
+                let _ = txq.enable_notification();
             }
         }
     }
@@ -225,10 +219,12 @@ impl VhostUserBackend for PortBackend {
                 self.port.rx_coalesce_fired(pair);
                 Ok(())
             }
-            e if e as u64 == poll_id(self.port.queue_pairs()) => {
-                if let Some(timer) = self.polls.get(pair) {
-                    // Consume the expiry (non-blocking: a kick may have re-armed it).
-                    timer.clear();
+            e if e as u64 == tx_timer_id(self.port.queue_pairs()) => {
+                if let Some(w) = self.workers.get(pair) {
+                    if let Some(t) = &w.lock().unwrap_or_else(|e| e.into_inner()).timer {
+                        // Consume the expiry (non-blocking: a kick may have re-armed it).
+                        t.clear();
+                    }
                 }
                 self.port.stats.tx_polls.fetch_add(1, Relaxed);
                 if let Some(txq) = vrings.get(1) {

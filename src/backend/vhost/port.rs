@@ -10,11 +10,11 @@ use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 
 use super::coalesce::{Announce, RxCoalesce};
-use crate::backend::ratelimit::{LogLimit, TokenBucket};
+use crate::backend::ratelimit::{ByteRate, LogLimit, TokenBucket};
 use crate::backend::switch::backpressure::StallClock;
 use crate::backend::switch::deliver::Destination;
 use crate::backend::switch::SwitchPort;
-use crate::config::PortConfig;
+use crate::config::{PortConfig, RateLimit};
 use crate::features::{self, Caps, FeatureMask, Negotiated};
 use crate::l2::{Mac, Vid, VlanSet};
 use crate::ring::rx::{self, RxError, RxFormat, RxScratch};
@@ -61,6 +61,12 @@ pub struct Port {
     max_burst: AtomicUsize,
     /// RX interrupt moderation, changed with `gsonet ctl`.
     pub rx_coalesce: RxCoalesce,
+    /// Runtime `gro`, changed with `gsonet ctl`.
+    gro: AtomicBool,
+    /// Runtime `rate=`: what the guest may send, and its bucket.
+    tx_rate: RwLock<Option<(RateLimit, ByteRate)>>,
+    /// Runtime `rx_rate=`: what the guest may receive.
+    rx_rate: RwLock<Option<(RateLimit, ByteRate)>>,
     pub stats: Counters,
 }
 
@@ -75,6 +81,9 @@ impl Port {
             rx: (0..pairs).map(|_| Mutex::new(RxSlot::default())).collect(),
             connected: AtomicBool::new(false),
             max_burst: AtomicUsize::new(cfg.max_burst.unwrap_or(0)),
+            gro: AtomicBool::new(cfg.gro),
+            tx_rate: RwLock::new(cfg.rate.map(|r| (r, ByteRate::new(r.mbit, r.burst_kb)))),
+            rx_rate: RwLock::new(cfg.rx_rate.map(|r| (r, ByteRate::new(r.mbit, r.burst_kb)))),
             stall: StallClock::default(),
             segment_budget: TokenBucket::new(SEGMENTS_PER_SEC, SEGMENTS_BURST),
             log: LogLimit::default(),
@@ -90,6 +99,49 @@ impl Port {
 
     pub fn set_max_burst(&self, b: Option<usize>) {
         self.max_burst.store(b.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// The guest's `rate=`, if limited.
+    pub fn rate(&self) -> Option<RateLimit> {
+        let r = self.tx_rate.read().unwrap_or_else(|e| e.into_inner());
+        r.as_ref().map(|(l, _)| *l)
+    }
+
+    /// A new `rate=` (a fresh bucket), at once.
+    pub fn set_rate(&self, r: Option<RateLimit>) {
+        *self.tx_rate.write().unwrap_or_else(|e| e.into_inner()) =
+            r.map(|r| (r, ByteRate::new(r.mbit, r.burst_kb)));
+    }
+
+    /// The guest's `rx_rate=`, if limited.
+    pub fn rx_rate(&self) -> Option<RateLimit> {
+        let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
+        r.as_ref().map(|(l, _)| *l)
+    }
+
+    /// A new `rx_rate=` (a fresh bucket), at once.
+    pub fn set_rx_rate(&self, r: Option<RateLimit>) {
+        *self.rx_rate.write().unwrap_or_else(|e| e.into_inner()) =
+            r.map(|r| (r, ByteRate::new(r.mbit, r.burst_kb)));
+    }
+
+    /// `None`: the guest may send now; else how long its TX queue waits (`rate=`).
+    pub fn tx_wait(&self) -> Option<std::time::Duration> {
+        let r = self.tx_rate.read().unwrap_or_else(|e| e.into_inner());
+        r.as_ref()
+            .and_then(|(_, b)| b.wait_at(std::time::Instant::now()))
+    }
+
+    /// Charges `wire` bytes the guest sent to its `rate=`.
+    pub fn tx_charge(&self, wire: usize) {
+        let r = self.tx_rate.read().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, b)) = r.as_ref() {
+            b.charge_at(wire as u64, std::time::Instant::now());
+        }
+    }
+
+    pub fn set_gro(&self, on: bool) {
+        self.gro.store(on, Ordering::Relaxed);
     }
 
     pub fn name(&self) -> String {
@@ -274,6 +326,23 @@ impl Destination for Port {
 
     fn max_burst(&self) -> Option<usize> {
         Port::max_burst(self)
+    }
+
+    fn gro(&self) -> bool {
+        self.gro.load(Ordering::Relaxed)
+    }
+
+    fn rx_wait(&self) -> Option<std::time::Duration> {
+        let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
+        r.as_ref()
+            .and_then(|(_, b)| b.wait_at(std::time::Instant::now()))
+    }
+
+    fn rx_charge(&self, wire: usize) {
+        let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, b)) = r.as_ref() {
+            b.charge_at(wire as u64, std::time::Instant::now());
+        }
     }
 
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {

@@ -3,6 +3,7 @@
 //! the switch; signal the guest and the destinations once per batch.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 
 use tracing::{debug, warn};
 use vhost_user_backend::VringT;
@@ -16,24 +17,50 @@ use crate::frame::Frame;
 use crate::ring::tx::{self, TxError};
 use crate::ring::{avail_in_range, GuestMem};
 use crate::stats::DropReason;
+use crate::sys::timer::OneShotTimer;
 
 /// How many TX chains one pass handles before signalling the guest.
 const TX_BATCH: usize = 256;
 
-/// What one queue worker keeps between kicks: the buffer chains are copied into and
-/// its delivery state.
+/// What one queue worker keeps between kicks: the buffer chains are copied into, its
+/// delivery state, and the timer that makes it look at the queue again without a kick
+/// (`tx_poll_us`, or a queue held for its `rate=`).
 pub struct TxWorker {
     buf: Vec<u8>,
     ctx: DeliverCtx,
+    pub timer: Option<OneShotTimer>,
 }
 
 impl Default for TxWorker {
     fn default() -> Self {
         TxWorker {
             buf: tx::tx_buffer(),
-            ctx: DeliverCtx::default(),
+            ctx: DeliverCtx::holding(),
+            timer: None,
         }
     }
+}
+
+impl TxWorker {
+    /// A worker with its timer (the daemon's workers).
+    pub fn with_timer() -> std::io::Result<TxWorker> {
+        Ok(TxWorker {
+            timer: Some(OneShotTimer::new()?),
+            ..TxWorker::default()
+        })
+    }
+}
+
+/// Over its `rate=`, the queue is held: nothing more is popped (the guest's own queue
+/// backs up) and the worker's timer wakes it when the debt is paid; never a busy
+/// wait. False: no timer to wake it, so the queue is not held.
+fn hold(port: &Port, timer: &Option<OneShotTimer>, wait: Duration) -> bool {
+    let Some(t) = timer else { return false };
+    if t.arm(wait.max(Duration::from_micros(1))).is_err() {
+        return false;
+    }
+    port.stats.throttled(wait.as_micros() as u64);
+    true
 }
 
 /// What software segmentation of `frame` would cost at most: its planned segments.
@@ -72,6 +99,8 @@ pub enum DrainEnd {
     /// Polling: the drain found frames and left the guest's kicks off, so the caller
     /// must look again after the port's `tx_poll_us`.
     Poll,
+    /// Held for a `rate=`: kicks stay off and the worker's timer is armed already.
+    Held,
 }
 
 /// Drains the TX queue of `pair`: every chain becomes a frame for the switch. With
@@ -90,7 +119,7 @@ pub fn drain(
         return DrainEnd::Kicks;
     };
     let neg = port.negotiated().unwrap_or_default();
-    let TxWorker { buf, ctx } = w;
+    let TxWorker { buf, ctx, timer } = w;
     let mut popped = 0;
     loop {
         let _ = txq.disable_notification();
@@ -104,7 +133,15 @@ pub fn drain(
             RingState::InRange => {}
         }
         let mut done = 0;
+        let mut held = false;
         while done < TX_BATCH {
+            // Its own `rate=`, or a destination's `rx_rate=` it went over.
+            if let Some(wait) = port.tx_wait().max(ctx.take_hold()) {
+                held = hold(port, timer, wait);
+                if held {
+                    break;
+                }
+            }
             let (chain, qsize) = {
                 let mut st = txq.get_mut();
                 let q = st.get_queue_mut();
@@ -120,7 +157,10 @@ pub fn drain(
                         Ok(frame) if !port.charge_segments(segments(&frame)) => {
                             port.stats.drop(DropReason::SegmentBudget)
                         }
-                        Ok(frame) => switch.forward(Endpoint::Port(port.id), pair, &frame, ctx),
+                        Ok(frame) => {
+                            port.tx_charge(frame.wire_len());
+                            switch.forward(Endpoint::Port(port.id), pair, &frame, ctx)
+                        }
                         Err(reason) => port.stats.drop(reason),
                     }
                 }
@@ -141,6 +181,9 @@ pub fn drain(
             let _ = txq.signal_used_queue();
         }
         ctx.flush();
+        if held {
+            return DrainEnd::Held; // the timer drains on, notifications stay off meanwhile
+        }
         popped += done;
         if done == TX_BATCH {
             continue;

@@ -1,0 +1,98 @@
+"""Per-port rate limits: guest B's `rate=` (what it sends) holds its TX queue.
+
+Two guests on one gsonet; B sends to A. With `gsonet ctl port:1 rate=200` the
+queue is held (`tx_holds`, `tx_throttled_us` on B's port) and a file still arrives
+with its md5; iperf3 B->A under the limit is recorded with B's TSO on and off
+(`rate.200.tso_mbit`, `rate.200.no_tso_mbit`: the target is 190-210); with
+`rate=off` the queue is never held.
+"""
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from harness.gsonet import Gsonet, counters_delta
+from harness.guest import Guest
+from harness.hostnet import alloc_subnet
+from harness.iperf import iperf3_guest_client, iperf3_guest_server
+from harness.qemu import vhost_user_netdev
+from harness.transfer import transfer_guest_to_guest
+
+SECONDS = int(os.environ.get("GSONET_RATE_SECONDS", "5"))
+
+
+@pytest.fixture(scope="module")
+def pair(guest_env, tmp_path_factory):
+    n = alloc_subnet()
+    work = tmp_path_factory.mktemp("rate")
+    ns = SimpleNamespace(ip_a=f"10.77.{n}.2", ip_b=f"10.77.{n}.3", a=None, b=None)
+    socks = [str(work / "a.sock"), str(work / "b.sock")]
+    ns.gs = Gsonet([f"socket={s}" for s in socks], workdir=work, name="gsonet-rate")
+    try:
+        ns.gs.start()
+        ns.a = Guest("rate-a", vhost_user_netdev(socks[0]), ip=f"{ns.ip_a}/24")
+        ns.b = Guest("rate-b", vhost_user_netdev(socks[1]), ip=f"{ns.ip_b}/24")
+        ns.a.start()
+        ns.b.start()
+        ns.a.wait_booted()
+        ns.b.wait_booted()
+        ns.gs.wait_port(0, True)
+        ns.gs.wait_port(1, True)
+        yield ns
+    finally:
+        for g in (ns.a, ns.b):
+            if g is not None:
+                g.shutdown()
+        ns.gs.stop()
+
+
+def _b_delta(ns, fn):
+    before = ns.gs.port_stats(1)["stats"]
+    r = fn()
+    return r, counters_delta(before, ns.gs.port_stats(1)["stats"])
+
+
+@pytest.mark.slow
+def test_limited_sender_is_held_and_data_arrives(pair):
+    pair.gs.ctl("port:1", "rate=200")
+    try:
+        r, d = _b_delta(pair, lambda: transfer_guest_to_guest(pair.b, pair.a, pair.ip_a, mib=8))
+        assert r["ok"], (r, d, pair.gs.stats_text())
+        assert d["tx_holds"] > 0 and d["tx_throttled_us"] > 0, d
+        assert not d["drops"], d
+        assert "rate: TX queue held" in pair.gs.stats_text()
+    finally:
+        pair.gs.ctl("port:1", "rate=off")
+    _, d = _b_delta(pair, lambda: transfer_guest_to_guest(pair.b, pair.a, pair.ip_a, mib=4))
+    assert d["tx_holds"] == 0, d
+
+
+@pytest.mark.slow
+def test_iperf3_under_a_200_mbit_limit(pair, record_measurement):
+    pair.gs.ctl("port:1", "rate=200")
+    try:
+        for tso, name in ((True, "tso"), (False, "no_tso")):
+            pair.b.ethtool_set(tso=tso, gso=tso)
+            iperf3_guest_server(pair.a)
+            gbps, d = _b_delta(pair, lambda: iperf3_guest_client(pair.b, pair.ip_a,
+                                                                  seconds=SECONDS))
+            record_measurement(f"rate.200.{name}_mbit", gbps * 1000)
+            assert d["tx_holds"] > 0, (name, d)
+    finally:
+        pair.b.ethtool_set(tso=True, gso=True)
+        pair.gs.ctl("port:1", "rate=off")
+
+
+@pytest.mark.slow
+def test_receiver_rx_rate_holds_the_sender(pair, record_measurement):
+    pair.gs.ctl("port:0", "rx_rate=200")
+    try:
+        iperf3_guest_server(pair.a)
+        gbps, d = _b_delta(pair, lambda: iperf3_guest_client(pair.b, pair.ip_a,
+                                                              seconds=SECONDS))
+        record_measurement("rate.200.rx_mbit", gbps * 1000)
+        assert d["tx_holds"] > 0, d
+        assert "rate_limited" not in d["drops"], d
+    finally:
+        pair.gs.ctl("port:0", "rx_rate=off")
