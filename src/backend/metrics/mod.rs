@@ -4,7 +4,7 @@
 
 pub mod http;
 
-use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{CounterVec, Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::backend::control::protocol::StatsReport;
 use crate::backend::control::server::report;
@@ -137,11 +137,6 @@ const COUNTERS: &[CounterFamily] = &[
         value: |s| s.tx_holds,
     },
     CounterFamily {
-        name: "tx_throttled_microseconds_total",
-        help: "Planned hold time of a port's TX queue for rate limits, in all.",
-        value: |s| s.tx_throttled_us,
-    },
-    CounterFamily {
         name: "tx_polls_total",
         help: "Looks at a port's TX queue by the tx_poll_us timer, kicks being off.",
         value: |s| s.tx_polls,
@@ -203,6 +198,20 @@ fn registry(r: &StatsReport) -> prometheus::Result<Registry> {
         }
         reg.register(Box::new(c))?;
     }
+    // In base units (seconds), so a float; counted in µs.
+    let throttled = CounterVec::new(
+        Opts::new(
+            "tx_throttled_seconds_total",
+            "Planned hold time of a port's TX queue for rate limits, in all.",
+        ),
+        &ENDPOINT,
+    )?;
+    for (l, s) in &all {
+        throttled
+            .get_metric_with_label_values(l)?
+            .inc_by(s.tx_throttled_us as f64 / 1e6);
+    }
+    reg.register(Box::new(throttled))?;
     for f in GAUGES {
         let g = IntGaugeVec::new(Opts::new(f.name, f.help), &ENDPOINT)?;
         for (l, s) in &all {
