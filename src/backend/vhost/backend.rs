@@ -89,14 +89,18 @@ impl PortBackend {
     {
         let id = hello_id(self.port.queue_pairs());
         let tx_timer = tx_timer_id(self.port.queue_pairs());
-        for ((h, fd), w) in handlers
+        let coalesce = rx_coalesce_id(self.port.queue_pairs());
+        let pairs = handlers
             .iter()
             .zip(self.hellos.iter())
-            .zip(self.workers.iter())
-        {
+            .zip(self.workers.iter());
+        for (pair, ((h, fd), w)) in pairs.enumerate() {
             let w = w.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(t) = &w.timer {
                 h.register_listener(t.as_fd().as_raw_fd(), EventSet::IN, tx_timer)?;
+            }
+            if let Some(t) = self.port.rx_coalesce.timer(pair) {
+                h.register_listener(t.as_fd().as_raw_fd(), EventSet::IN, coalesce)?;
             }
             h.register_listener(fd.as_raw_fd(), EventSet::IN, id)?;
             fd.write(1)?;
