@@ -11,7 +11,8 @@
 //! - every ring index admitted is below the port's queue count, and the early
 //!   SET_VRING_ENABLE table never holds more than one entry per queue;
 //! - memory checks name exactly one region per descriptor, none empty or wrapping, and
-//!   regions mapped through ADD_MEM_REG never exceed MAX_MEM_SLOTS.
+//!   regions mapped through ADD_MEM_REG never exceed MAX_MEM_SLOTS;
+//! - a refused message changes nothing (the region count included).
 //!
 //! Input layout: 1 byte queue count (b % 32 + 1) | 8 bytes offered protocol features
 //! (LE) | messages: 1 byte request | 1 byte flags | 2 bytes payload size (LE, mod
@@ -120,7 +121,13 @@ pub fn fuzz_one(data: &[u8]) {
         );
         assert!(fw.early().count() <= policy.queues as usize);
         assert!(fw.early().all(|(i, s)| i < policy.queues && s <= 1));
-        let Ok(verdict) = verdict else { continue };
+        let Ok(verdict) = verdict else {
+            assert_eq!(
+                acked, acked_before,
+                "a refused message changed the features"
+            );
+            continue;
+        };
         assert!(
             header_ok,
             "admitted a header the header check refused: {h:?}"

@@ -346,6 +346,9 @@ impl Firewall {
             Fds::PerRegion => 0,
         };
         let mut verdict_early = false;
+        // A refused message changes nothing: the state it may touch is put back.
+        let saved = (self.acked_protocol, self.features_set, self.regions);
+        let early_before = self.early.clone();
         match h.request {
             req::SET_FEATURES => self.features_set = true,
             req::SET_PROTOCOL_FEATURES => {
@@ -410,6 +413,8 @@ impl Firewall {
             _ => {}
         }
         if fds != expect_fds {
+            (self.acked_protocol, self.features_set, self.regions) = saved;
+            self.early = early_before;
             return Err(bad_fds(format!(
                 "request {} with {fds} descriptors; it takes {expect_fds}",
                 h.request
