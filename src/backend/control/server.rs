@@ -223,13 +223,14 @@ pub const MAX_CLIENTS: usize = 16;
 /// its connection is closed and its slot freed.
 pub const IDLE: Duration = Duration::from_secs(10);
 
-/// One of the `MAX_CLIENTS` connection slots, given back on drop.
-struct Slot(Arc<AtomicUsize>);
+/// One of at most `max` connection slots counted in `open`, given back on drop (the
+/// control socket's and the metrics endpoint's).
+pub struct Slot(Arc<AtomicUsize>);
 
 impl Slot {
-    fn take(open: &Arc<AtomicUsize>) -> Option<Slot> {
+    pub fn take(open: &Arc<AtomicUsize>, max: usize) -> Option<Slot> {
         open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < MAX_CLIENTS).then_some(n + 1)
+            (n < max).then_some(n + 1)
         })
         .ok()
         .map(|_| Slot(open.clone()))
@@ -355,7 +356,7 @@ pub fn serve_shared(l: UnixListener, registry: Arc<Registry>) {
                 continue;
             }
         };
-        let Some(slot) = Slot::take(&open) else {
+        let Some(slot) = Slot::take(&open, MAX_CLIENTS) else {
             if let Some(suppressed) = log.allow() {
                 warn!(
                     suppressed,

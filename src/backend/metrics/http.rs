@@ -10,13 +10,14 @@
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
+use crate::backend::control::server::Slot;
 use crate::backend::control::Registry as Endpoints;
 use crate::backend::ratelimit::LogLimit;
 
@@ -26,24 +27,6 @@ pub const MAX_CLIENTS: usize = 8;
 pub const MAX_HEAD: usize = 8192;
 /// Time a client has to send its request head, or to take the whole answer.
 pub const IDLE: Duration = Duration::from_secs(10);
-
-struct Slot(Arc<AtomicUsize>);
-
-impl Slot {
-    fn take(open: &Arc<AtomicUsize>) -> Option<Slot> {
-        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < MAX_CLIENTS).then_some(n + 1)
-        })
-        .ok()
-        .map(|_| Slot(open.clone()))
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
 
 /// What the request head asked for.
 #[derive(Debug, PartialEq, Eq)]
@@ -223,7 +206,7 @@ pub fn serve(l: TcpListener, endpoints: Arc<Endpoints>) {
                 continue;
             }
         };
-        let Some(slot) = Slot::take(&open) else {
+        let Some(slot) = Slot::take(&open, MAX_CLIENTS) else {
             if let Some(suppressed) = log.allow() {
                 warn!(
                     suppressed,
