@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::daemon::{port_counter, Daemon, DaemonSpec};
 use common::frames::{self, Flow, Ips, UdpGso, MSS4, MSS6};
@@ -57,7 +57,12 @@ fn is_hello(f: &RxFrame) -> bool {
 
 /// Daemon with A (port 0) and B (port 1), both announced and their hellos consumed.
 fn two() -> (Daemon, TestFrontend, TestFrontend) {
-    let d = Daemon::start(&DaemonSpec::ports(2)).expect("start gsonet");
+    two_with(&DaemonSpec::ports(2))
+}
+
+/// `two` with the ports' options of `spec`.
+fn two_with(spec: &DaemonSpec) -> (Daemon, TestFrontend, TestFrontend) {
+    let d = Daemon::start(spec).expect("start gsonet");
     let mut a = connect(&d, 0, FEATS_A);
     let mut b = connect(&d, 1, FEATS_B);
     let ha = hello(&mut a, a_mac());
@@ -385,6 +390,65 @@ fn tso_to_plain_peer(ips: Ips, mss: u16, len: usize) {
     assert_eq!(segs[0].options.len(), 12, "timestamp option lost");
     assert!(frames::reassemble_tcp(&segs, seq0).unwrap() == data);
     check_segmented_counters(&d, n);
+}
+
+/// Sends a 64 KiB TSO frame from A to B (which takes no GSO) and returns the
+/// segments with the time each reached B.
+fn segments_with_arrival(a: &mut TestFrontend, b: &mut TestFrontend) -> Vec<(Instant, Vec<u8>)> {
+    let flow = Flow::new(a_mac(), b_mac(), Ips::v4()).ports(5200, 5201);
+    let data = frames::payload(45 * MSS4 as usize, 3);
+    let (h, f) = frames::tcp_with_flags(&flow, 1, frames::ACK, &data, Some(MSS4));
+    a.send(&h, &f, TxLayout::HeaderThenChunks(4096)).unwrap();
+    let mut got = Vec::new();
+    while let Some(x) = recv_where(b, Duration::from_millis(500), |x| !is_hello(x)) {
+        got.push((Instant::now(), x.frame));
+    }
+    assert_eq!(got.len(), 45, "segments at B");
+    got
+}
+
+/// A frame gsonet segments for a guest with `rx_rate=` reaches it as segments spaced
+/// at the rate (each one wire time after the one before), not as one burst; without
+/// the limit the same frame arrives as a burst. The arrival times are the test
+/// frontend's: it wakes at each call.
+#[test]
+fn segments_for_a_rate_limited_guest_leave_at_its_rate() {
+    let mut spec = DaemonSpec::ports(2);
+    // 10 Mbit/s: 1,250,000 bytes a second, a 1514-byte segment 1.2 ms.
+    spec.ports[1] = "rx_rate=10,rx_burst=4".into();
+    let (d, mut a, mut b) = two_with(&spec);
+    let rate = 10e6 / 8.0;
+    let paced = segments_with_arrival(&mut a, &mut b);
+    // Segment i leaves when the ones before it have had their wire time.
+    let wire: usize = paced[..paced.len() - 1].iter().map(|(_, f)| f.len()).sum();
+    let expected = Duration::from_secs_f64(wire as f64 / rate);
+    let span = paced.last().unwrap().0 - paced[0].0;
+    assert!(
+        span >= expected.mul_f64(0.8) && span <= expected.mul_f64(2.5),
+        "45 segments over {span:?}, at the rate {expected:?}\n{:#}",
+        d.stats().unwrap()
+    );
+    let gap = expected / (paced.len() as u32 - 1);
+    let bunched = paced
+        .windows(2)
+        .filter(|w| w[1].0 - w[0].0 < gap / 4)
+        .count();
+    assert!(
+        bunched < paced.len() / 2,
+        "{bunched} of 44 gaps under a quarter of the {gap:?} a segment takes"
+    );
+
+    let o = ctl(&d, &["port:1", "rx_rate=off"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Let A's hold for the last frame's debt run out.
+    std::thread::sleep(expected);
+    let burst = segments_with_arrival(&mut a, &mut b);
+    let burst_span = burst.last().unwrap().0 - burst[0].0;
+    assert!(
+        burst_span < expected / 4,
+        "unlimited, the segments took {burst_span:?} (paced: {span:?})"
+    );
+    assert_eq!(d.port_drops(1).unwrap(), 0, "{:#}", d.stats().unwrap());
 }
 
 #[test]

@@ -116,7 +116,7 @@ drop_reasons! {
     SegmentError = "segment_error",
     /// The guest's RX queue had no room for the frame.
     RxQueueFull = "rx_queue_full",
-    /// A frame over a rate limit where its sender cannot be held: from an uplink over its `rate=`, or from an uplink to a guest over its `rx_rate=` (dropped at the tail).
+    /// A frame over a rate limit where its sender cannot be held: from an uplink over its `rate=`, or from an uplink to a guest over its `rx_rate=` (dropped at the tail); or paced for a guest's `rx_rate=` when its pace line was full or the guest went away.
     RateLimited = "rate_limited",
     /// The guest has kept its RX queue full for 200 ms or more: its frames are dropped at once.
     RxQueueStalled = "rx_queue_stalled",

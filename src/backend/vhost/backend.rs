@@ -55,6 +55,11 @@ fn rx_coalesce_id(queue_pairs: usize) -> u64 {
     hello_id(queue_pairs) + 2
 }
 
+/// Listener id of the pace timer (`rx_rate=`: frames waiting for their departure).
+fn pace_id(queue_pairs: usize) -> u64 {
+    hello_id(queue_pairs) + 3
+}
+
 impl PortBackend {
     pub fn new(port: Arc<Port>, switch: Arc<Switch>) -> io::Result<PortBackend> {
         let exits = (0..port.queue_pairs())
@@ -90,6 +95,7 @@ impl PortBackend {
         let id = hello_id(self.port.queue_pairs());
         let tx_timer = tx_timer_id(self.port.queue_pairs());
         let coalesce = rx_coalesce_id(self.port.queue_pairs());
+        let pace = pace_id(self.port.queue_pairs());
         let pairs = handlers
             .iter()
             .zip(self.hellos.iter())
@@ -101,6 +107,9 @@ impl PortBackend {
             }
             if let Some(t) = self.port.rx_coalesce.timer(pair) {
                 h.register_listener(t.as_fd().as_raw_fd(), EventSet::IN, coalesce)?;
+            }
+            if let Some(t) = self.port.pacer.timer(pair) {
+                h.register_listener(t.as_fd().as_raw_fd(), EventSet::IN, pace)?;
             }
             h.register_listener(fd.as_raw_fd(), EventSet::IN, id)?;
             fd.write(1)?;
@@ -217,6 +226,10 @@ impl VhostUserBackend for PortBackend {
                 if let Some(txq) = vrings.get(1) {
                     self.drain_tx(pair, txq);
                 }
+                Ok(())
+            }
+            e if e as u64 == pace_id(self.port.queue_pairs()) => {
+                self.port.pace_fired(pair);
                 Ok(())
             }
             e if e as u64 == rx_coalesce_id(self.port.queue_pairs()) => {

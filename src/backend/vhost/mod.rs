@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod coalesce;
 pub mod firewall;
+pub mod pace;
 pub mod port;
 pub mod relay;
 pub mod tx;

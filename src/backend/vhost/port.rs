@@ -4,12 +4,14 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
+use std::time::Instant;
 
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 
 use super::coalesce::{Announce, RxCoalesce};
+use super::pace::{Admit, Pacer};
 use crate::backend::ratelimit::{ByteRate, LogLimit, TokenBucket};
 use crate::backend::switch::backpressure::StallClock;
 use crate::backend::switch::deliver::Destination;
@@ -67,6 +69,8 @@ pub struct Port {
     tx_rate: RwLock<Option<(RateLimit, ByteRate)>>,
     /// Runtime `rx_rate=`: what the guest may receive.
     rx_rate: RwLock<Option<(RateLimit, ByteRate)>>,
+    /// Frames for the guest waiting for their departure under `rx_rate=`.
+    pub pacer: Pacer,
     pub stats: Counters,
 }
 
@@ -88,6 +92,7 @@ impl Port {
             segment_budget: TokenBucket::new(SEGMENTS_PER_SEC, SEGMENTS_BURST),
             log: LogLimit::default(),
             rx_coalesce: RxCoalesce::new(pairs, cfg.rx_coalesce_usecs, cfg.rx_coalesce_frames)?,
+            pacer: Pacer::new(pairs)?,
             stats: Counters::default(),
             cfg,
         })
@@ -186,6 +191,9 @@ impl Port {
                     s.vring = None;
                     s.broken = false;
                 }
+            }
+            for _ in 0..self.pacer.clear() {
+                self.stats.drop(DropReason::RateLimited);
             }
         }
     }
@@ -288,6 +296,52 @@ impl Port {
         self.stall.room();
     }
 
+    /// `rx_rate=` in bytes a second, if limited.
+    fn rx_bytes_per_sec(&self) -> Option<f64> {
+        let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
+        r.as_ref().map(|(l, _)| l.mbit as f64 * 1e6 / 8.0)
+    }
+
+    /// The pace timer of queue `pair` fired (in the port's own worker): writes the
+    /// frames that are due, then announces them.
+    pub fn pace_fired(&self, pair: usize) {
+        if let Some(t) = self.pacer.timer(pair) {
+            t.clear();
+        }
+        let mut due = Vec::new();
+        loop {
+            self.pacer.take_due(pair, Instant::now(), &mut due);
+            if due.is_empty() {
+                return;
+            }
+            for w in due.drain(..) {
+                if let Err(r) = self.write_now(pair, &w.hdr, &[&w.data]) {
+                    self.stats.drop(r);
+                }
+            }
+            SwitchPort::signal_rx(self, pair);
+        }
+    }
+
+    /// Writes one frame for the guest now (`Destination::send` once paced).
+    fn write_now(
+        &self,
+        queue: usize,
+        hdr: &VirtioNetHdr,
+        parts: &[&[u8]],
+    ) -> Result<(), DropReason> {
+        // A guest that has not read its queue for a while costs O(1) until it kicks.
+        if self.stall.stalled() {
+            return Err(DropReason::RxQueueStalled);
+        }
+        match self.receive(queue, hdr, parts) {
+            Ok(()) => Ok(()),
+            // Not worth waiting for: the guest has not read its queue for a while.
+            Err(RxError::NoBuffers) if self.stall.stalled() => Err(DropReason::RxQueueStalled),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The RX coalescing timer of queue `pair` fired (in the port's own worker):
     /// announce what waits.
     pub fn rx_coalesce_fired(&self, pair: usize) {
@@ -346,15 +400,14 @@ impl Destination for Port {
     }
 
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
-        // A guest that has not read its queue for a while costs O(1) until it kicks.
-        if self.stall.stalled() {
-            return Err(DropReason::RxQueueStalled);
-        }
-        match self.receive(queue, hdr, parts) {
-            Ok(()) => Ok(()),
-            // Not worth waiting for: the guest has not read its queue for a while.
-            Err(RxError::NoBuffers) if self.stall.stalled() => Err(DropReason::RxQueueStalled),
-            Err(e) => Err(e.into()),
+        let pair = queue % self.rx.len();
+        match self
+            .pacer
+            .admit(pair, self.rx_bytes_per_sec(), hdr, parts, Instant::now())
+        {
+            Admit::Now => self.write_now(pair, hdr, parts),
+            Admit::Queued => Ok(()),
+            Admit::Full => Err(DropReason::RateLimited),
         }
     }
 
