@@ -248,6 +248,9 @@ pub struct UplinkConfig {
     /// `rate=MBIT[,burst=KB]`: what the uplink may send into gsonet; the rest is
     /// dropped at the tail (`rate_limited`).
     pub rate: Option<RateLimit>,
+    /// `rx_rate=MBIT[,rx_burst=KB]`: what gsonet may send into the uplink; a guest
+    /// sending over it is held, a frame from another uplink dropped.
+    pub rx_rate: Option<RateLimit>,
 }
 
 pub const MAX_QUEUE_PAIRS: u16 = 16;
@@ -475,9 +478,10 @@ impl PortConfig {
 
 impl UplinkConfig {
     pub const KEYS: &'static str =
-        "tap or dev, queues, gso (pass|software), max_burst, rate, burst, bypass (dev only, on|off)";
+        "tap or dev, queues, gso (pass|software), max_burst, rate, burst, rx_rate, rx_burst, bypass (dev only, on|off)";
 
-    /// Parses `tap=NAME|dev=IFNAME[,queues=N][,gso=pass|software][,max_burst=N][,bypass=on|off]`.
+    /// Parses `tap=NAME|dev=IFNAME[,queues=N][,gso=pass|software][,max_burst=N][,rate=MBIT]
+    /// [,burst=KB][,rx_rate=MBIT][,rx_burst=KB][,bypass=on|off]`.
     pub fn parse(s: &str) -> Result<UplinkConfig, ConfigError> {
         Self::from_pairs(pairs(s))
     }
@@ -491,10 +495,13 @@ impl UplinkConfig {
             gso: GsoMode::Pass,
             max_burst: None,
             rate: None,
+            rx_rate: None,
         };
         let mut bypass = None;
         let mut rate = None;
         let mut burst = None;
+        let mut rx_rate = None;
+        let mut rx_burst = None;
         for (k, v) in kv {
             match k.as_str() {
                 "tap" | "dev" => {
@@ -519,6 +526,8 @@ impl UplinkConfig {
                 "bypass" => bypass = Some((on_off(W, &k, &v)?, v)),
                 "rate" => rate = parse_rate(&v).map_err(|e| bad(W, &k, &v, e))?,
                 "burst" => burst = Some(number(W, &k, &v, 1, BURST_KB_MAX)?),
+                "rx_rate" => rx_rate = parse_rate(&v).map_err(|e| bad(W, &k, &v, e))?,
+                "rx_burst" => rx_burst = Some(number(W, &k, &v, 1, BURST_KB_MAX)?),
                 _ => {
                     return Err(ConfigError::UnknownKey {
                         what: W,
@@ -533,6 +542,8 @@ impl UplinkConfig {
             key: "tap or dev",
         })?;
         c.rate = RateLimit::with_burst(rate, burst).map_err(|e| bad(W, "burst", "", e))?;
+        c.rx_rate =
+            RateLimit::with_burst(rx_rate, rx_burst).map_err(|e| bad(W, "rx_burst", "", e))?;
         if let Some((on, v)) = bypass {
             match &mut c.kind {
                 UplinkKind::Dev { bypass, .. } => *bypass = on,
@@ -912,6 +923,10 @@ mod tests {
             Some((100, BURST_KB_DEFAULT))
         );
         assert!(UplinkConfig::parse("tap=t0,burst=5").is_err());
+        let u = UplinkConfig::parse("tap=t0,rx_rate=50,rx_burst=16").unwrap();
+        assert_eq!(u.rx_rate.map(|r| (r.mbit, r.burst_kb)), Some((50, 16)));
+        assert_eq!(u.rate, None);
+        assert!(UplinkConfig::parse("tap=t0,rx_burst=5").is_err());
         assert!(err("socket=a,rate=0.5").contains("Mbit/s"));
         assert!(err("socket=a,rate=200,burst=0").contains("burst"));
         let p = PortConfig::parse("socket=a,mac=52:54:00:00:00:01,mac_lock=on").unwrap();

@@ -155,6 +155,9 @@ struct ServeArgs {
     /// the driver's TX ring is full). Default off.
     /// gso=pass hands GSO frames to the kernel intact (it or the NIC segments them);
     /// gso=software segments them in gsonet first.
+    /// rate=MBIT[,burst=KB]: what the uplink may send into gsonet (the rest is dropped,
+    /// rate_limited); rx_rate=MBIT[,rx_burst=KB]: what gsonet may send into it (a guest
+    /// sending over it is held). Bytes on the wire, a GSO frame as its segments.
     #[arg(long = "uplink", value_name = "SPEC")]
     uplinks: Vec<String>,
     /// A TOML file with [[port]] and [[uplink]] tables (same keys as above), `control`,

@@ -630,3 +630,48 @@ fn a_deleted_tap_costs_next_to_nothing() {
     assert!(n <= 10, "{n} failed reads in 2 s: no back-off");
     assert!(cpu < Duration::from_millis(500), "{cpu:?} of CPU in 2 s");
 }
+
+/// `rx_rate=` on the uplink limits what gsonet sends into it: a guest sending over
+/// it is held (its TX queue waits, nothing is dropped), so 16 TSO frames of 64 KiB
+/// take at least their wire time at the rate, less the burst.
+#[test]
+fn uplink_rx_rate_holds_a_guest_sending_to_it() {
+    require_tun!();
+    let mut r = rig_with(FEATS, "gso=pass,rx_rate=20,rx_burst=64");
+    let flow = Flow::new(guest_mac(), far_mac(), Ips::v4()).ports(40002, 5202);
+    let data = frames::payload(45 * MSS4 as usize, 9);
+    let frames_n = 16;
+    let mut wire = 0;
+    let started = std::time::Instant::now();
+    for i in 0..frames_n {
+        let seq = 0x2000_0000 + (i * data.len()) as u32;
+        let (hdr, frame) = frames::tcp(&flow, seq, &data, Some(MSS4));
+        // On the wire: 45 segments, each with the frame's headers.
+        wire = frame.len() + 44 * (frame.len() - data.len());
+        r.fe.send(&hdr, &frame, TxLayout::Single).unwrap();
+    }
+    r.fe.wait_tx_done(Duration::from_secs(20)).unwrap();
+    let took = started.elapsed();
+    let seen = r
+        .host
+        .collect(
+            T,
+            |s| l4_ports(&s.frame) == Some((40002, 5202)),
+            |v| v.len() == frames_n,
+        )
+        .unwrap();
+    assert_eq!(seen.len(), frames_n, "frames on the tap");
+    // The sender waits off each frame's debt before its next one: the first 64 KiB
+    // go on the burst, the last frame is not waited for. 20 Mbit/s = 2,500,000
+    // bytes a second.
+    let owed = (frames_n - 1) * wire - 64 * 1024;
+    let at_rate = Duration::from_secs_f64(owed as f64 / 2.5e6);
+    assert!(
+        took >= at_rate.mul_f64(0.9),
+        "16 frames done in {took:?}; at 20 Mbit/s they need {at_rate:?}"
+    );
+    let s = r.d.stats().unwrap();
+    assert!(port_counter(&s, 0, "tx_holds") > 0, "{s:#}");
+    assert_eq!(drops_total(&s["uplinks"][0]["stats"]), 0, "{s:#}");
+    assert_eq!(drops_total(&s["ports"][0]["stats"]), 0, "{s:#}");
+}

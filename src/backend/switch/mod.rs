@@ -420,6 +420,12 @@ impl Switch {
             }
             Endpoint::Uplink(i) => {
                 let up = self.uplinks.get(i)?;
+                if skip == 0 && !ctx.rx_admit(up.as_ref(), frame) {
+                    return Some(Outcome {
+                        path: deliver::Path::Dropped(DropReason::RateLimited),
+                        sent: 0,
+                    });
+                }
                 Some(deliver(
                     frame,
                     up.as_ref(),

@@ -25,6 +25,8 @@ pub struct DeviceUplink<D: UplinkDevice> {
     pub(super) stats: Counters,
     /// `rate=`: what it may send into gsonet.
     rate: Option<ByteRate>,
+    /// `rx_rate=`: what gsonet may send into it.
+    rx_rate: Option<ByteRate>,
 }
 
 /// A tap device gsonet creates.
@@ -61,6 +63,7 @@ impl<D: UplinkDevice> DeviceUplink<D> {
             cfg: RwLock::new(cfg.clone()),
             stats: Counters::default(),
             rate: cfg.rate.map(|r| ByteRate::new(r.mbit, r.burst_kb)),
+            rx_rate: cfg.rx_rate.map(|r| ByteRate::new(r.mbit, r.burst_kb)),
         }
     }
 
@@ -95,6 +98,18 @@ impl<D: UplinkDevice> Destination for DeviceUplink<D> {
 
     fn max_burst(&self) -> Option<usize> {
         self.cfg().max_burst
+    }
+
+    fn rx_wait(&self) -> Option<std::time::Duration> {
+        self.rx_rate
+            .as_ref()
+            .and_then(|r| r.wait_at(std::time::Instant::now()))
+    }
+
+    fn rx_charge(&self, wire: usize) {
+        if let Some(r) = &self.rx_rate {
+            r.charge_at(wire as u64, std::time::Instant::now());
+        }
     }
 
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
