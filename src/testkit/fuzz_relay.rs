@@ -244,27 +244,4 @@ pub fn seeds() -> Vec<Vec<u8>> {
     ]
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testkit::replay;
-
-    #[test]
-    fn fuzz_relay_corpus_replays() {
-        replay("relay", fuzz_one, 4);
-    }
-
-    #[test]
-    fn seeds_pass() {
-        for s in seeds() {
-            fuzz_one(&s);
-        }
-    }
-
-    /// `cargo test --lib write_relay_fuzz_seeds -- --ignored`.
-    #[test]
-    #[ignore]
-    fn write_relay_fuzz_seeds() {
-        crate::testkit::write_seeds("relay", &seeds());
-    }
-}
+fuzz_target_tests!("relay", 4);

@@ -574,7 +574,7 @@ fn check_bytes(
 /// Addresses a descriptor of the seeds may use freely.
 const BUFS: u16 = 0x6000;
 
-/// The seed corpus (written by the ignored `write_*_fuzz_seeds` test).
+/// The seed corpus (written by the ignored `target_tests::write_seeds` test).
 pub fn seeds() -> Vec<Vec<u8>> {
     let w = F_WRITE as u8;
     let nw = (F_WRITE | F_NEXT) as u8;
@@ -741,27 +741,4 @@ pub fn seeds() -> Vec<Vec<u8>> {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testkit::replay;
-
-    #[test]
-    fn fuzz_ring_corpus_replays() {
-        replay("ring", fuzz_one, 5);
-    }
-
-    #[test]
-    fn seeds_reach_both_sides() {
-        for s in seeds() {
-            fuzz_one(&s);
-        }
-    }
-
-    /// `cargo test --lib write_ring_fuzz_seeds -- --ignored`.
-    #[test]
-    #[ignore]
-    fn write_ring_fuzz_seeds() {
-        crate::testkit::write_seeds("ring", &seeds());
-    }
-}
+fuzz_target_tests!("ring", 5);

@@ -332,7 +332,7 @@ pub fn fuzz_one(data: &[u8]) {
     }
 }
 
-/// The seed corpus (written by the ignored `write_*_fuzz_seeds` test).
+/// The seed corpus (written by the ignored `target_tests::write_seeds` test).
 pub fn seeds() -> Vec<Vec<u8>> {
     let ports = [(1u8, true), (1, true), (2, true), (0, true), (3, false)];
     let two_uplinks = 2;
@@ -376,27 +376,4 @@ pub fn seeds() -> Vec<Vec<u8>> {
     ]
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testkit::replay;
-
-    #[test]
-    fn fuzz_switch_corpus_replays() {
-        replay("switch", fuzz_one, 3);
-    }
-
-    #[test]
-    fn seeds_pass() {
-        for s in seeds() {
-            fuzz_one(&s);
-        }
-    }
-
-    /// `cargo test --lib write_switch_fuzz_seeds -- --ignored`.
-    #[test]
-    #[ignore]
-    fn write_switch_fuzz_seeds() {
-        crate::testkit::write_seeds("switch", &seeds());
-    }
-}
+fuzz_target_tests!("switch", 3);

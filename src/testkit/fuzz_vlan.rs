@@ -280,7 +280,7 @@ pub fn fuzz_one(data: &[u8]) {
     }
 }
 
-/// The seed corpus (written by the ignored `write_*_fuzz_seeds` test).
+/// The seed corpus (written by the ignored `target_tests::write_seeds` test).
 pub fn seeds() -> Vec<Vec<u8>> {
     use crate::testkit::frames::{build, ethernet_len, gso_hdr, pattern, FrameSpec};
     use crate::vnet_hdr::GsoKind;
@@ -314,27 +314,4 @@ pub fn seeds() -> Vec<Vec<u8>> {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testkit::replay;
-
-    #[test]
-    fn fuzz_vlan_corpus_replays() {
-        replay("vlan", fuzz_one, 5);
-    }
-
-    #[test]
-    fn seeds_pass() {
-        for s in seeds() {
-            fuzz_one(&s);
-        }
-    }
-
-    /// `cargo test --lib write_vlan_fuzz_seeds -- --ignored`.
-    #[test]
-    #[ignore]
-    fn write_vlan_fuzz_seeds() {
-        crate::testkit::write_seeds("vlan", &seeds());
-    }
-}
+fuzz_target_tests!("vlan", 5);

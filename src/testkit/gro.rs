@@ -401,31 +401,17 @@ pub fn seeds() -> Vec<Vec<u8>> {
     out
 }
 
+fuzz_target_tests!("gro", 8);
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::replay;
 
+    /// The seeds do reach the coalescing path: plain segments in order merge.
     #[test]
-    fn fuzz_gro_corpus_replays() {
-        replay("gro", fuzz_one, 8);
-    }
-
-    #[test]
-    fn seeds_pass_and_coalesce() {
-        for s in seeds() {
-            fuzz_one(&s);
-        }
-        // The seeds do reach the coalescing path: plain segments in order merge.
+    fn seeds_coalesce() {
         let (_, inputs, split) = decode(&seeds()[0]);
         let out = run(&mut Coalescer::new(), &inputs, split);
         assert!(out.iter().any(|o| o.2 > 1), "nothing coalesced");
-    }
-
-    /// `cargo test --lib write_gro_fuzz_seeds -- --ignored`.
-    #[test]
-    #[ignore]
-    fn write_gro_fuzz_seeds() {
-        crate::testkit::write_seeds("gro", &seeds());
     }
 }

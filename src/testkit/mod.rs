@@ -1,6 +1,37 @@
 //! Test support shared by unit tests, `tests/`, `benches/` and `fuzz/` (cargo feature
 //! `testkit`); never part of the release library.
 
+/// The tests every fuzz target's module has, given its `fuzz_one` and `seeds`:
+/// `corpus_replays` (every file of `fuzz/corpus/<target>`, at least `min`),
+/// `seeds_pass`, and the ignored `write_seeds` that writes the seed corpus
+/// (`cargo test --lib <module>::target_tests::write_seeds -- --ignored`).
+macro_rules! fuzz_target_tests {
+    ($target:literal, $min:literal) => {
+        #[cfg(test)]
+        mod target_tests {
+            use super::{fuzz_one, seeds};
+
+            #[test]
+            fn corpus_replays() {
+                crate::testkit::replay($target, fuzz_one, $min);
+            }
+
+            #[test]
+            fn seeds_pass() {
+                for s in seeds() {
+                    fuzz_one(&s);
+                }
+            }
+
+            #[test]
+            #[ignore]
+            fn write_seeds() {
+                crate::testkit::write_seeds($target, &seeds());
+            }
+        }
+    };
+}
+
 pub mod frames;
 pub mod fuzz;
 pub mod fuzz_relay;
