@@ -17,6 +17,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arc_swap::{ArcSwap, Guard};
+
 use tracing::warn;
 
 use crate::config::PORT_MAC_LIMIT;
@@ -78,6 +80,7 @@ pub trait SwitchUplink: Destination + Send + Sync {
 }
 
 /// A port's place in the switch, read once from its configuration.
+#[derive(Clone)]
 struct PortRole {
     vlan: Option<Vid>,
     trunk: Option<VlanSet>,
@@ -85,15 +88,184 @@ struct PortRole {
     mac_lock: bool,
 }
 
-pub struct Switch {
-    ports: Vec<Arc<dyn SwitchPort>>,
-    roles: Vec<PortRole>,
-    uplinks: Vec<Arc<dyn SwitchUplink>>,
-    fdb: Mutex<Fdb>,
+impl PortRole {
+    fn of(p: &dyn SwitchPort) -> PortRole {
+        PortRole {
+            vlan: p.vlan(),
+            trunk: p.trunk(),
+            mac: p.mac(),
+            mac_lock: p.mac_lock(),
+        }
+    }
+
+    /// The domains the port takes part in: its access VLAN (or the untagged domain)
+    /// and its trunk's VLANs.
+    fn domains(&self) -> impl Iterator<Item = Domain> + '_ {
+        std::iter::once(self.vlan).chain(self.trunk.iter().flat_map(|t| t.iter().map(Some)))
+    }
+}
+
+#[derive(Clone)]
+struct PortSlot {
+    id: usize,
+    port: Arc<dyn SwitchPort>,
+    role: PortRole,
+}
+
+#[derive(Clone)]
+struct UplinkSlot {
+    id: usize,
+    uplink: Arc<dyn SwitchUplink>,
+}
+
+/// The ports and uplinks of the switch at one moment, sorted by id. Frames read it
+/// without a lock (`ArcSwap`); a change builds a new one and swaps it in, so a frame
+/// being routed keeps the set it started with.
+struct Topology {
+    ports: Vec<PortSlot>,
+    uplinks: Vec<UplinkSlot>,
     /// Every VLAN some port uses (access VLANs and trunk ports' allowed VIDs),
     /// sorted: a tagged uplink frame with one of these VIDs belongs to that VLAN; any
     /// other uplink frame to the untagged domain.
     vlans: Vec<Vid>,
+}
+
+impl Topology {
+    fn new(mut ports: Vec<PortSlot>, mut uplinks: Vec<UplinkSlot>) -> Topology {
+        ports.sort_by_key(|p| p.id);
+        uplinks.sort_by_key(|u| u.id);
+        let mut used = VlanSet::default();
+        for p in &ports {
+            for v in p.role.domains().flatten() {
+                used.insert(v);
+            }
+        }
+        Topology {
+            ports,
+            uplinks,
+            vlans: used.iter().collect(),
+        }
+    }
+
+    fn port(&self, id: usize) -> Option<&PortSlot> {
+        let i = self.ports.binary_search_by_key(&id, |p| p.id).ok()?;
+        Some(&self.ports[i])
+    }
+
+    fn uplink(&self, id: usize) -> Option<&UplinkSlot> {
+        let i = self.uplinks.binary_search_by_key(&id, |u| u.id).ok()?;
+        Some(&self.uplinks[i])
+    }
+
+    fn role(&self, id: usize) -> Option<&PortRole> {
+        self.port(id).map(|p| &p.role)
+    }
+
+    fn has(&self, e: Endpoint) -> bool {
+        match e {
+            Endpoint::Port(i) => self.port(i).is_some(),
+            Endpoint::Uplink(i) => self.uplink(i).is_some(),
+        }
+    }
+
+    fn attach(&self, e: Endpoint) -> Attach<'_> {
+        match e {
+            Endpoint::Port(i) => match self.role(i) {
+                Some(PortRole { trunk: Some(t), .. }) => Attach::TrunkPort(t),
+                Some(PortRole { vlan: Some(v), .. }) => Attach::Access(*v),
+                _ => Attach::Untagged,
+            },
+            Endpoint::Uplink(_) => Attach::Trunk,
+        }
+    }
+
+    fn is_trunk_port(&self, e: Endpoint) -> bool {
+        match e {
+            Endpoint::Port(i) => self.role(i).is_some_and(|r| r.trunk.is_some()),
+            Endpoint::Uplink(_) => false,
+        }
+    }
+
+    /// Whether `e` carries VLANs tagged: uplinks and trunk ports.
+    fn sees_tags(&self, e: Endpoint) -> bool {
+        matches!(e, Endpoint::Uplink(_)) || self.is_trunk_port(e)
+    }
+
+    /// Whether `e` takes part in `domain`: access ports of that VLAN, trunk ports that
+    /// allow it, untagged and trunk ports for the untagged domain; uplinks always.
+    fn in_domain(&self, e: Endpoint, domain: Domain) -> bool {
+        match e {
+            Endpoint::Port(i) => self.role(i).is_some_and(|r| match (&r.trunk, domain) {
+                (Some(_), None) => true,
+                (Some(t), Some(v)) => t.contains(v.get()),
+                (None, d) => r.vlan == d,
+            }),
+            Endpoint::Uplink(i) => self.uplink(i).is_some(),
+        }
+    }
+
+    /// Whether a frame of `domain` (`foreign`: carrying a tag no port uses) may go to
+    /// `e`.
+    fn reaches(&self, e: Endpoint, domain: Domain, foreign: bool) -> bool {
+        self.in_domain(e, domain) && !(foreign && self.is_trunk_port(e))
+    }
+
+    fn counters(&self, e: Endpoint) -> Option<&Counters> {
+        match e {
+            Endpoint::Port(i) => self.port(i).map(|p| p.port.stats()),
+            Endpoint::Uplink(i) => self.uplink(i).map(|u| u.uplink.stats()),
+        }
+    }
+
+    /// Where a frame of `domain` from `src` is flooded: every other connected port of
+    /// the domain and every other uplink.
+    fn flood_targets(
+        &self,
+        src: Endpoint,
+        domain: Domain,
+        foreign: bool,
+    ) -> impl Iterator<Item = Endpoint> + '_ {
+        let ports = self
+            .ports
+            .iter()
+            .filter(|p| p.port.is_connected())
+            .map(|p| Endpoint::Port(p.id));
+        let uplinks = self.uplinks.iter().map(|u| Endpoint::Uplink(u.id));
+        ports
+            .chain(uplinks)
+            .filter(move |&e| e != src && self.reaches(e, domain, foreign))
+    }
+}
+
+/// Ports and uplinks one switch holds at once at most: each port has its serving
+/// thread, per-connection queue workers and up to `mac_limit` FDB entries, each
+/// uplink a reader thread per queue and 8192 FDB entries, and a flood visits every
+/// one of them. These keep the threads, the table (256 x 256 + 16 x 8192 entries at
+/// the defaults) and the cost of one flood bounded.
+pub const MAX_PORTS: usize = 256;
+pub const MAX_UPLINKS: usize = 16;
+
+/// Why a port or uplink could not be added to or removed from the switch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemberError {
+    #[error("the switch holds {0} ports at most")]
+    TooManyPorts(usize),
+    #[error("the switch holds {0} uplinks at most")]
+    TooManyUplinks(usize),
+    #[error("{0:?} is already in the switch")]
+    Taken(Endpoint),
+    #[error("{0:?} is not in the switch")]
+    Missing(Endpoint),
+}
+
+/// The switch. Endpoint ids are never reused within one process: a frame routed or
+/// held for a port that is gone names an id nothing else will ever have, so it is
+/// dropped, never delivered to a newcomer (the id is its own generation).
+pub struct Switch {
+    topo: ArcSwap<Topology>,
+    /// Serialises changes of the topology; frames never take it.
+    change: Mutex<()>,
+    fdb: Mutex<Fdb>,
     rx_room: RxRoom,
     /// What the uplinks were last programmed with.
     programmed: Mutex<Option<Caps>>,
@@ -102,7 +274,7 @@ pub struct Switch {
 /// Where one frame goes, decided once: its source, its destination (or none: flood
 /// within `domain`) and the view of it each kind of destination gets.
 pub struct Route<'a> {
-    sw: &'a Switch,
+    topo: Guard<Arc<Topology>>,
     src: Endpoint,
     known: Option<Endpoint>,
     domain: Domain,
@@ -123,7 +295,7 @@ impl<'a> Route<'a> {
 
     /// The view of the frame destination `e` gets.
     pub fn view(&self, e: Endpoint) -> Option<&Frame<'a>> {
-        if self.domain.is_some() && self.sw.sees_tags(e) {
+        if self.domain.is_some() && self.topo.sees_tags(e) {
             self.tagged.as_ref()
         } else {
             self.untagged.as_ref()
@@ -132,44 +304,44 @@ impl<'a> Route<'a> {
 }
 
 impl Switch {
+    /// A switch of `ports` (ids 0..) and `uplinks` (ids 0..).
     pub fn new(
         ports: Vec<Arc<dyn SwitchPort>>,
         uplinks: Vec<Arc<dyn SwitchUplink>>,
         aging: Duration,
     ) -> Switch {
-        let roles: Vec<PortRole> = ports
-            .iter()
-            .map(|p| PortRole {
-                vlan: p.vlan(),
-                trunk: p.trunk(),
-                mac: p.mac(),
-                mac_lock: p.mac_lock(),
-            })
-            .collect();
-        let mut used = VlanSet::default();
-        for r in &roles {
-            if let Some(v) = r.vlan {
-                used.insert(v);
-            }
-            for v in r.trunk.iter().flat_map(|t| t.iter()) {
-                used.insert(v);
-            }
-        }
         let port_limits: Vec<usize> = ports.iter().map(|p| p.mac_limit()).collect();
         let uplink_limits: Vec<usize> = uplinks.iter().map(|u| u.mac_limit()).collect();
+        let ports: Vec<PortSlot> = ports
+            .into_iter()
+            .enumerate()
+            .map(|(id, port)| PortSlot {
+                id,
+                role: PortRole::of(port.as_ref()),
+                port,
+            })
+            .collect();
+        let uplinks = uplinks
+            .into_iter()
+            .enumerate()
+            .map(|(id, uplink)| UplinkSlot { id, uplink })
+            .collect();
         let sw = Switch {
-            ports,
-            roles,
-            uplinks,
+            topo: ArcSwap::from_pointee(Topology::new(ports, uplinks)),
+            change: Mutex::new(()),
             fdb: Mutex::new(Fdb::new(aging, &port_limits, &uplink_limits)),
-            vlans: used.iter().collect(),
             rx_room: RxRoom::default(),
             programmed: Mutex::new(None),
         };
-        for (id, r) in sw.roles.iter().enumerate() {
-            if let Some(mac) = r.mac {
-                sw.pin_mac(mac, id);
-            }
+        let pins: Vec<(Mac, usize)> = sw
+            .topo
+            .load()
+            .ports
+            .iter()
+            .filter_map(|p| p.role.mac.map(|m| (m, p.id)))
+            .collect();
+        for (mac, id) in pins {
+            sw.pin_mac(mac, id);
         }
         sw
     }
@@ -178,101 +350,169 @@ impl Switch {
         &self.rx_room
     }
 
-    fn attach(&self, e: Endpoint) -> Attach<'_> {
-        match e {
-            Endpoint::Port(i) => match self.roles.get(i) {
-                Some(PortRole { trunk: Some(t), .. }) => Attach::TrunkPort(t),
-                Some(PortRole { vlan: Some(v), .. }) => Attach::Access(*v),
-                _ => Attach::Untagged,
-            },
-            Endpoint::Uplink(_) => Attach::Trunk,
+    /// Whether endpoint `e` is in the switch now.
+    pub fn has(&self, e: Endpoint) -> bool {
+        self.topo.load().has(e)
+    }
+
+    /// The ids of the ports and of the uplinks in the switch now.
+    pub fn members(&self) -> (Vec<usize>, Vec<usize>) {
+        let t = self.topo.load();
+        (
+            t.ports.iter().map(|p| p.id).collect(),
+            t.uplinks.iter().map(|u| u.id).collect(),
+        )
+    }
+
+    /// Adds port `id` (an id never used before in this switch). Other endpoints'
+    /// frames are not held up: they go on with the set they loaded, and the table lock
+    /// is taken for O(1) steps.
+    pub fn add_port(&self, id: usize, port: Arc<dyn SwitchPort>) -> Result<(), MemberError> {
+        let _change = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.topo.load_full();
+        let e = Endpoint::Port(id);
+        if cur.has(e) {
+            return Err(MemberError::Taken(e));
         }
-    }
-
-    fn is_trunk_port(&self, e: Endpoint) -> bool {
-        match e {
-            Endpoint::Port(i) => self.roles.get(i).is_some_and(|r| r.trunk.is_some()),
-            Endpoint::Uplink(_) => false,
+        if cur.ports.len() >= MAX_PORTS {
+            return Err(MemberError::TooManyPorts(MAX_PORTS));
         }
-    }
-
-    /// Whether `e` carries VLANs tagged: uplinks and trunk ports.
-    fn sees_tags(&self, e: Endpoint) -> bool {
-        matches!(e, Endpoint::Uplink(_)) || self.is_trunk_port(e)
-    }
-
-    /// Whether `e` takes part in `domain`: access ports of that VLAN, trunk ports that
-    /// allow it, untagged and trunk ports for the untagged domain; uplinks always.
-    fn in_domain(&self, e: Endpoint, domain: Domain) -> bool {
-        match e {
-            Endpoint::Port(i) => self.roles.get(i).is_some_and(|r| match (&r.trunk, domain) {
-                (Some(_), None) => true,
-                (Some(t), Some(v)) => t.contains(v.get()),
-                (None, d) => r.vlan == d,
-            }),
-            Endpoint::Uplink(i) => i < self.uplinks.len(),
+        let role = PortRole::of(port.as_ref());
+        let mac = role.mac;
+        self.fdb
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(e, port.mac_limit());
+        let mut ports = cur.ports.clone();
+        ports.push(PortSlot { id, port, role });
+        self.topo
+            .store(Arc::new(Topology::new(ports, cur.uplinks.clone())));
+        if let Some(mac) = mac {
+            self.pin_mac(mac, id);
         }
+        Ok(())
     }
 
-    /// Whether a frame of `domain` (`foreign`: carrying a tag no port uses) may go to
-    /// `e`.
-    fn reaches(&self, e: Endpoint, domain: Domain, foreign: bool) -> bool {
-        self.in_domain(e, domain) && !(foreign && self.is_trunk_port(e))
-    }
-
-    fn counters(&self, e: Endpoint) -> Option<&Counters> {
-        match e {
-            Endpoint::Port(i) => self.ports.get(i).map(|p| p.stats()),
-            Endpoint::Uplink(i) => self.uplinks.get(i).map(|u| u.stats()),
+    /// Takes port `id` out: no frame is routed to or from it from now on, its learned
+    /// and pinned addresses go (O(its own)), frames held for it are let go by their
+    /// holders, and the uplinks are programmed for the guests that remain.
+    pub fn remove_port(&self, id: usize) -> Result<Arc<dyn SwitchPort>, MemberError> {
+        let _change = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.topo.load_full();
+        let e = Endpoint::Port(id);
+        let slot = cur.port(id).cloned().ok_or(MemberError::Missing(e))?;
+        let ports = cur.ports.iter().filter(|p| p.id != id).cloned().collect();
+        self.topo
+            .store(Arc::new(Topology::new(ports, cur.uplinks.clone())));
+        {
+            let mut fdb = self.fdb.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(mac) = slot.role.mac {
+                for d in slot.role.domains() {
+                    fdb.unpin(&(d, mac), e);
+                }
+            }
+            fdb.remove(e);
         }
+        self.caps_changed();
+        // Holders of frames for it look again, and let them go.
+        self.rx_room.added();
+        Ok(slot.port)
+    }
+
+    /// Adds uplink `id` (an id never used before in this switch) and programs its
+    /// device with what the connected guests accept.
+    pub fn add_uplink(&self, id: usize, uplink: Arc<dyn SwitchUplink>) -> Result<(), MemberError> {
+        let _change = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.topo.load_full();
+        let e = Endpoint::Uplink(id);
+        if cur.has(e) {
+            return Err(MemberError::Taken(e));
+        }
+        if cur.uplinks.len() >= MAX_UPLINKS {
+            return Err(MemberError::TooManyUplinks(MAX_UPLINKS));
+        }
+        let union = cur
+            .ports
+            .iter()
+            .filter_map(|p| p.port.rx_caps())
+            .fold(Caps::default(), Caps::or);
+        if let Err(err) = uplink.set_rx_offload(union) {
+            warn!(uplink = %uplink.name(), "cannot program uplink offloads: {err}");
+        }
+        self.fdb
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(e, uplink.mac_limit());
+        let mut uplinks = cur.uplinks.clone();
+        uplinks.push(UplinkSlot { id, uplink });
+        self.topo
+            .store(Arc::new(Topology::new(cur.ports.clone(), uplinks)));
+        Ok(())
+    }
+
+    /// Takes uplink `id` out; its learned addresses go (O(its own)).
+    pub fn remove_uplink(&self, id: usize) -> Result<Arc<dyn SwitchUplink>, MemberError> {
+        let _change = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.topo.load_full();
+        let e = Endpoint::Uplink(id);
+        let slot = cur.uplink(id).cloned().ok_or(MemberError::Missing(e))?;
+        let uplinks = cur.uplinks.iter().filter(|u| u.id != id).cloned().collect();
+        self.topo
+            .store(Arc::new(Topology::new(cur.ports.clone(), uplinks)));
+        self.fdb.lock().unwrap_or_else(|e| e.into_inner()).remove(e);
+        self.rx_room.added();
+        Ok(slot.uplink)
+    }
+
+    /// Addresses learned on `e` now.
+    pub fn learned_on(&self, e: Endpoint) -> usize {
+        self.fdb
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .learned_on(e)
     }
 
     /// Counts a drop on endpoint `e`.
     pub fn count_drop(&self, e: Endpoint, reason: DropReason) {
-        if let Some(c) = self.counters(e) {
+        if let Some(c) = self.topo.load().counters(e) {
             c.drop(reason);
         }
-    }
-
-    /// Where a frame of `domain` from `src` is flooded: every other connected port of
-    /// the domain and every other uplink.
-    fn flood_targets(
-        &self,
-        src: Endpoint,
-        domain: Domain,
-        foreign: bool,
-    ) -> impl Iterator<Item = Endpoint> + '_ {
-        let ports = (0..self.ports.len())
-            .filter(|&i| self.ports[i].is_connected())
-            .map(Endpoint::Port);
-        let uplinks = (0..self.uplinks.len()).map(Endpoint::Uplink);
-        ports
-            .chain(uplinks)
-            .filter(move |&e| e != src && self.reaches(e, domain, foreign))
     }
 
     /// Routes one frame from `src`: checks port security, classifies it into its
     /// VLAN, learns its source, looks up its destination and builds the tagged or
     /// untagged view the destinations need (`views` holds it). `None`: nowhere to go
-    /// (dropped and counted at the source, or a hairpin).
+    /// (dropped and counted at the source, a hairpin, or a source no longer in the
+    /// switch).
     pub fn route<'a>(
         &'a self,
         src: Endpoint,
         frame: &Frame<'a>,
         views: &'a mut ViewBuf<'a>,
     ) -> Option<Route<'a>> {
+        let topo = self.topo.load();
+        let t: &Topology = &topo;
+        if !t.has(src) {
+            return None;
+        }
+        let counters = t.counters(src);
+        let count = |reason| {
+            if let Some(c) = counters {
+                c.drop(reason);
+            }
+        };
         if let Endpoint::Port(i) = src {
-            if let Some(r) = self.roles.get(i) {
+            if let Some(r) = t.role(i) {
                 if r.mac_lock && r.mac != Some(frame.src) {
-                    self.count_drop(src, DropReason::MacSpoofed);
+                    count(DropReason::MacSpoofed);
                     return None;
                 }
             }
         }
-        let ingress = match classify(self.attach(src), frame.tag, &self.vlans) {
+        let ingress = match classify(t.attach(src), frame.tag, &t.vlans) {
             Ok(i) => i,
             Err(reason) => {
-                self.count_drop(src, reason);
+                count(reason);
                 return None;
             }
         };
@@ -291,11 +531,11 @@ impl Switch {
         };
         match learned {
             Learned::Refused(reason) => {
-                self.count_drop(src, reason);
+                count(reason);
                 return None;
             }
             Learned::Moved { .. } => {
-                if let Some(c) = self.counters(src) {
+                if let Some(c) = counters {
                     c.mac_moves.fetch_add(1, Relaxed);
                 }
             }
@@ -305,15 +545,15 @@ impl Switch {
         // see it untagged, trunk ports and uplinks tagged with its VLAN (everyone sees
         // an untagged-domain frame as it is).
         let (to_untagged, to_tagged) = match known {
-            Some(dst) if dst == src || !self.reaches(dst, domain, foreign) => return None,
-            Some(dst) => (!self.sees_tags(dst), self.sees_tags(dst)),
-            None => self
+            Some(dst) if dst == src || !t.reaches(dst, domain, foreign) => return None,
+            Some(dst) => (!t.sees_tags(dst), t.sees_tags(dst)),
+            None => t
                 .flood_targets(src, domain, foreign)
-                .fold((false, false), |(u, t), e| {
-                    if self.sees_tags(e) {
+                .fold((false, false), |(u, tg), e| {
+                    if t.sees_tags(e) {
                         (u, true)
                     } else {
-                        (true, t)
+                        (true, tg)
                     }
                 }),
         };
@@ -325,7 +565,7 @@ impl Switch {
         let retagged = match retagged.transpose() {
             Ok(r) => r,
             Err(reason) => {
-                self.count_drop(src, reason);
+                count(reason);
                 return None;
             }
         };
@@ -335,7 +575,7 @@ impl Switch {
             (Some(_), true) => (retagged, Some(*frame)),
         };
         Some(Route {
-            sw: self,
+            topo,
             src,
             known,
             domain,
@@ -355,14 +595,15 @@ impl Switch {
         ctx: &mut DeliverCtx,
         on_full: OnFull,
     ) -> Option<Outcome> {
+        let t: &Topology = &route.topo;
         match route.known {
             Some(dst) => route
                 .view(dst)
-                .and_then(|f| self.deliver_to(dst, queue, f, ctx, on_full, 0)),
+                .and_then(|f| Self::deliver_in(t, dst, queue, f, ctx, on_full, 0)),
             None => {
-                for e in self.flood_targets(route.src, route.domain, route.foreign) {
+                for e in t.flood_targets(route.src, route.domain, route.foreign) {
                     if let Some(f) = route.view(e) {
-                        self.deliver_to(e, queue, f, ctx, OnFull::Count, 0);
+                        Self::deliver_in(t, e, queue, f, ctx, OnFull::Count, 0);
                     }
                 }
                 None
@@ -380,7 +621,8 @@ impl Switch {
     }
 
     /// Delivers `frame` (the view for `dst`) to the one destination `dst`, skipping
-    /// the first `skip` frames an earlier attempt delivered.
+    /// the first `skip` frames an earlier attempt delivered. `None`: `dst` is not in
+    /// the switch (any more).
     pub fn deliver_to(
         &self,
         dst: Endpoint,
@@ -390,9 +632,21 @@ impl Switch {
         on_full: OnFull,
         skip: usize,
     ) -> Option<Outcome> {
+        Self::deliver_in(&self.topo.load(), dst, queue, frame, ctx, on_full, skip)
+    }
+
+    fn deliver_in(
+        t: &Topology,
+        dst: Endpoint,
+        queue: usize,
+        frame: &Frame,
+        ctx: &mut DeliverCtx,
+        on_full: OnFull,
+        skip: usize,
+    ) -> Option<Outcome> {
         match dst {
             Endpoint::Port(i) => {
-                let port = self.ports.get(i)?;
+                let port = &t.port(i)?.port;
                 if skip == 0 && !ctx.rx_admit(port.as_ref(), frame) {
                     return Some(Outcome {
                         path: deliver::Path::Dropped(DropReason::RateLimited),
@@ -419,7 +673,7 @@ impl Switch {
                 Some(out)
             }
             Endpoint::Uplink(i) => {
-                let up = self.uplinks.get(i)?;
+                let up = &t.uplink(i)?.uplink;
                 Some(deliver(
                     frame,
                     up.as_ref(),
@@ -435,11 +689,10 @@ impl Switch {
     /// Sends frames for `mac` to port `id` from the start, in every domain the port
     /// takes part in; learning never moves it.
     pub fn pin_mac(&self, mac: Mac, id: usize) {
-        let Some(r) = self.roles.get(id) else { return };
-        let domains =
-            std::iter::once(r.vlan).chain(r.trunk.iter().flat_map(|t| t.iter().map(Some)));
+        let topo = self.topo.load();
+        let Some(r) = topo.role(id) else { return };
         let mut fdb = self.fdb.lock().unwrap_or_else(|e| e.into_inner());
-        for d in domains {
+        for d in r.domains() {
             fdb.pin((d, mac), Endpoint::Port(id));
         }
     }
@@ -457,10 +710,11 @@ impl Switch {
     /// Devices are programmed only when the union changes, so a guest resetting its
     /// device in a loop costs no ioctls.
     pub fn caps_changed(&self) {
-        let union = self
+        let topo = self.topo.load();
+        let union = topo
             .ports
             .iter()
-            .filter_map(|p| p.rx_caps())
+            .filter_map(|p| p.port.rx_caps())
             .fold(Caps::default(), Caps::or);
         {
             let mut last = self.programmed.lock().unwrap_or_else(|e| e.into_inner());
@@ -469,9 +723,9 @@ impl Switch {
             }
             *last = Some(union);
         }
-        for u in &self.uplinks {
-            if let Err(e) = u.set_rx_offload(union) {
-                warn!(uplink = %u.name(), "cannot program uplink offloads: {e}");
+        for u in &topo.uplinks {
+            if let Err(e) = u.uplink.set_rx_offload(union) {
+                warn!(uplink = %u.uplink.name(), "cannot program uplink offloads: {e}");
             }
         }
     }
