@@ -256,6 +256,8 @@ pub enum MemberError {
     Taken(Endpoint),
     #[error("{0:?} is not in the switch")]
     Missing(Endpoint),
+    #[error("{0:?} was used before: ids are never reused")]
+    Reused(Endpoint),
 }
 
 /// The switch. Endpoint ids are never reused within one process: a frame routed or
@@ -263,8 +265,9 @@ pub enum MemberError {
 /// dropped, never delivered to a newcomer (the id is its own generation).
 pub struct Switch {
     topo: ArcSwap<Topology>,
-    /// Serialises changes of the topology; frames never take it.
-    change: Mutex<()>,
+    /// Serialises changes of the topology, and holds the lowest port and uplink ids
+    /// not used yet; frames never take it.
+    change: Mutex<(usize, usize)>,
     fdb: Mutex<Fdb>,
     rx_room: RxRoom,
     /// What the uplinks were last programmed with.
@@ -328,7 +331,7 @@ impl Switch {
             .collect();
         let sw = Switch {
             topo: ArcSwap::from_pointee(Topology::new(ports, uplinks)),
-            change: Mutex::new(()),
+            change: Mutex::new((port_limits.len(), uplink_limits.len())),
             fdb: Mutex::new(Fdb::new(aging, &port_limits, &uplink_limits)),
             rx_room: RxRoom::default(),
             programmed: Mutex::new(None),
@@ -368,15 +371,19 @@ impl Switch {
     /// frames are not held up: they go on with the set they loaded, and the table lock
     /// is taken for O(1) steps.
     pub fn add_port(&self, id: usize, port: Arc<dyn SwitchPort>) -> Result<(), MemberError> {
-        let _change = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = self.change.lock().unwrap_or_else(|e| e.into_inner());
         let cur = self.topo.load_full();
         let e = Endpoint::Port(id);
         if cur.has(e) {
             return Err(MemberError::Taken(e));
         }
+        if id < next.0 {
+            return Err(MemberError::Reused(e));
+        }
         if cur.ports.len() >= MAX_PORTS {
             return Err(MemberError::TooManyPorts(MAX_PORTS));
         }
+        next.0 = id + 1;
         let role = PortRole::of(port.as_ref());
         let mac = role.mac;
         self.fdb
@@ -422,15 +429,19 @@ impl Switch {
     /// Adds uplink `id` (an id never used before in this switch) and programs its
     /// device with what the connected guests accept.
     pub fn add_uplink(&self, id: usize, uplink: Arc<dyn SwitchUplink>) -> Result<(), MemberError> {
-        let _change = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = self.change.lock().unwrap_or_else(|e| e.into_inner());
         let cur = self.topo.load_full();
         let e = Endpoint::Uplink(id);
         if cur.has(e) {
             return Err(MemberError::Taken(e));
         }
+        if id < next.1 {
+            return Err(MemberError::Reused(e));
+        }
         if cur.uplinks.len() >= MAX_UPLINKS {
             return Err(MemberError::TooManyUplinks(MAX_UPLINKS));
         }
+        next.1 = id + 1;
         let union = cur
             .ports
             .iter()
@@ -747,6 +758,8 @@ mod vlan_forwarding {
 
     #[derive(Default)]
     struct Recorder {
+        /// Its RX queue is full: every frame is refused.
+        full: std::sync::atomic::AtomicBool,
         vlan: Option<Vid>,
         trunk: Option<VlanSet>,
         mac: Option<Mac>,
@@ -783,6 +796,9 @@ mod vlan_forwarding {
             }
         }
         fn send(&self, _: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
+            if self.full.load(Relaxed) {
+                return Err(DropReason::RxQueueFull);
+            }
             self.sent.lock().unwrap().push((*hdr, parts.concat()));
             Ok(())
         }
@@ -1298,5 +1314,175 @@ mod vlan_forwarding {
             .forward(Endpoint::Uplink(0), 0, &f, &mut DeliverCtx::default());
         assert!(net.ports[0].take().is_empty());
         assert_eq!(net.ports[0].stats.drops(DropReason::RateLimited), 1);
+    }
+
+    #[test]
+    fn ports_come_and_go_without_touching_the_others() {
+        let net = setup();
+        // P10A and P10B and something behind the uplink (VLAN 10) are learned.
+        plain(&net, Endpoint::Port(P10A), &frame(mac(2), mac(1), None));
+        plain(&net, Endpoint::Port(P10B), &frame(mac(1), mac(2), None));
+        plain(&net, Endpoint::Uplink(0), &frame(mac(1), mac(9), Some(10)));
+        attempts(&net);
+        net.up.take();
+        let before = net.sw.learned_on(Endpoint::Port(P10A));
+        assert_eq!(before, 1);
+
+        // A new port on VLAN 10 with a pinned address, id 4.
+        let newcomer = Arc::new(Recorder {
+            vlan: Vid::new(10),
+            mac: Some(mac(7)),
+            ..Recorder::default()
+        });
+        net.sw
+            .add_port(4, newcomer.clone() as Arc<dyn SwitchPort>)
+            .unwrap();
+        assert_eq!(
+            net.sw.add_port(4, newcomer.clone() as Arc<dyn SwitchPort>),
+            Err(MemberError::Taken(Endpoint::Port(4)))
+        );
+        // Its pinned address is known at once: unicast from P10A reaches it only.
+        plain(&net, Endpoint::Port(P10A), &frame(mac(7), mac(1), None));
+        assert_eq!(newcomer.take().len(), 1);
+        assert_eq!(attempts(&net), [0, 0, 0, 0]);
+        assert!(net.up.take().is_empty());
+        // It sends, and P10A (known) gets it; learning went on for the others.
+        plain(&net, Endpoint::Port(4), &frame(mac(1), mac(7), None));
+        assert_eq!(attempts(&net), [1, 0, 0, 0]);
+        assert_eq!(net.sw.learned_on(Endpoint::Port(P10A)), before);
+
+        // P10B goes: its address is forgotten, the others' are not.
+        net.sw.remove_port(P10B).unwrap();
+        assert_eq!(net.sw.learned_on(Endpoint::Port(P10B)), 0);
+        assert_eq!(net.sw.learned_on(Endpoint::Port(P10A)), before);
+        assert_eq!(net.sw.learned_on(Endpoint::Uplink(0)), 1);
+        assert!(!net.sw.has(Endpoint::Port(P10B)));
+        // A frame for its address is flooded in VLAN 10 now, never delivered to it.
+        plain(&net, Endpoint::Port(P10A), &frame(mac(2), mac(1), None));
+        assert_eq!(attempts(&net), [0, 0, 0, 0]);
+        assert_eq!(newcomer.take().len(), 1);
+        assert_eq!(net.up.take().len(), 1);
+        // What it still sends (a worker finishing its batch) goes nowhere and teaches
+        // the table nothing.
+        plain(
+            &net,
+            Endpoint::Port(P10B),
+            &frame(frames_bcast(), mac(2), None),
+        );
+        assert_eq!(attempts(&net), [0, 0, 0, 0]);
+        assert_eq!(newcomer.take().len(), 0);
+        assert_eq!(net.sw.learned_on(Endpoint::Port(P10B)), 0);
+        // Its id is never given again, nor an id below the highest given.
+        assert_eq!(
+            net.sw
+                .add_port(P10B, Arc::new(Recorder::default()) as Arc<dyn SwitchPort>),
+            Err(MemberError::Reused(Endpoint::Port(P10B)))
+        );
+        // The pinned address of a removed port is free for the next one.
+        net.sw.remove_port(4).unwrap();
+        assert_eq!(
+            net.sw.remove_port(4).err(),
+            Some(MemberError::Missing(Endpoint::Port(4)))
+        );
+        let heir = Arc::new(Recorder {
+            vlan: Vid::new(10),
+            ..Recorder::default()
+        });
+        net.sw
+            .add_port(5, heir.clone() as Arc<dyn SwitchPort>)
+            .unwrap();
+        plain(&net, Endpoint::Port(5), &frame(mac(1), mac(7), None));
+        assert_eq!(attempts(&net), [1, 0, 0, 0]);
+        assert_eq!(net.sw.learned_on(Endpoint::Port(5)), 1);
+        let (ports, uplinks) = net.sw.members();
+        assert_eq!(ports, vec![P10A, P20, UNTAGGED, 5]);
+        assert_eq!(uplinks, vec![0]);
+        // Counters of the others are their own, untouched by the changes.
+        assert_eq!(net.ports[P10A].stats.drops(DropReason::RxQueueFull), 0);
+    }
+
+    fn frames_bcast() -> Mac {
+        Mac([0xff; 6])
+    }
+
+    #[test]
+    fn uplinks_come_and_go_and_the_switch_is_bounded() {
+        let net = setup();
+        plain(&net, Endpoint::Uplink(0), &frame(mac(1), mac(9), None));
+        assert_eq!(net.sw.learned_on(Endpoint::Uplink(0)), 1);
+        let second = Arc::new(Recorder::default());
+        net.sw
+            .add_uplink(1, second.clone() as Arc<dyn SwitchUplink>)
+            .unwrap();
+        plain(
+            &net,
+            Endpoint::Port(UNTAGGED),
+            &frame(frames_bcast(), mac(3), None),
+        );
+        assert_eq!(net.up.take().len(), 1);
+        assert_eq!(second.take().len(), 1);
+        net.sw.remove_uplink(0).unwrap();
+        assert_eq!(net.sw.learned_on(Endpoint::Uplink(0)), 0);
+        // mac(9) was behind uplink 0: now a frame for it floods (to uplink 1 only).
+        plain(&net, Endpoint::Port(UNTAGGED), &frame(mac(9), mac(3), None));
+        assert!(net.up.take().is_empty());
+        assert_eq!(second.take().len(), 1);
+        assert_eq!(
+            net.sw
+                .add_uplink(0, net.up.clone() as Arc<dyn SwitchUplink>),
+            Err(MemberError::Reused(Endpoint::Uplink(0)))
+        );
+        for id in 2..=MAX_UPLINKS {
+            net.sw
+                .add_uplink(id, Arc::new(Recorder::default()) as Arc<dyn SwitchUplink>)
+                .unwrap();
+        }
+        assert_eq!(
+            net.sw.add_uplink(
+                MAX_UPLINKS + 1,
+                Arc::new(Recorder::default()) as Arc<dyn SwitchUplink>
+            ),
+            Err(MemberError::TooManyUplinks(MAX_UPLINKS))
+        );
+        for id in 4..MAX_PORTS {
+            net.sw
+                .add_port(id, Arc::new(Recorder::default()) as Arc<dyn SwitchPort>)
+                .unwrap();
+        }
+        assert_eq!(
+            net.sw.add_port(
+                MAX_PORTS,
+                Arc::new(Recorder::default()) as Arc<dyn SwitchPort>
+            ),
+            Err(MemberError::TooManyPorts(MAX_PORTS))
+        );
+    }
+
+    #[test]
+    fn frames_held_for_a_removed_port_are_let_go() {
+        use super::backpressure::{forward_holding, Held};
+        let net = setup();
+        // The guest on P10A is known, and its queue is full.
+        plain(&net, Endpoint::Port(P10A), &frame(mac(9), mac(1), None));
+        net.up.take();
+        net.ports[P10A].full.store(true, Relaxed);
+        let mut held = Held::default();
+        let mut ctx = DeliverCtx::default();
+        let bytes = frame(mac(1), mac(9), Some(10));
+        let parts = [&bytes[..]];
+        let f = Frame::new(VirtioNetHdr::default(), &parts, None).unwrap();
+        for _ in 0..3 {
+            forward_holding(&net.sw, Endpoint::Uplink(0), 0, &f, &mut ctx, &mut held);
+        }
+        assert!(!held.is_empty(), "frames for a full queue are held");
+        held.retry(&net.sw, &mut ctx);
+        assert!(!held.is_empty(), "still held while the port is there");
+        net.sw.remove_port(P10A).unwrap();
+        held.retry(&net.sw, &mut ctx);
+        assert!(
+            held.is_empty(),
+            "frames held for a removed port are released"
+        );
+        assert!(net.ports[P10A].take().is_empty());
     }
 }
