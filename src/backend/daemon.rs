@@ -419,6 +419,8 @@ struct State {
     /// Ids of the next port and uplink: never reused (see `Switch`).
     next_port: usize,
     next_uplink: usize,
+    /// The file as last read: its global settings are compared with the next.
+    file_globals: Option<Config>,
 }
 
 /// The ports and uplinks of a running gsonet and their threads; what `gsonet ctl port
@@ -757,6 +759,21 @@ impl Runtime {
                 report.removed.push(self.remove_uplink(&mut st, i).1);
             }
         }
+        // New ports take their ids before re-created ones: ids only grow.
+        for p in prepared {
+            let name = p.port.name();
+            match self.commit_port(&mut st, p, true) {
+                Ok(_) => report.added.push(name),
+                Err(e) => errors.push(format!("port {name}: {e}")),
+            }
+        }
+        for (o, c) in opened {
+            let name = c.name();
+            match self.commit_uplink(&mut st, o, c, true) {
+                Ok(_) => report.added.push(name),
+                Err(e) => errors.push(format!("uplink {name}: {e}")),
+            }
+        }
         for (id, c) in port_recreate {
             if let Some(i) = st.ports.iter().position(|p| p.port.id == id) {
                 let name = self.remove_port(&mut st, i).1;
@@ -783,20 +800,6 @@ impl Runtime {
                 }
             }
         }
-        for p in prepared {
-            let name = p.port.name();
-            match self.commit_port(&mut st, p, true) {
-                Ok(_) => report.added.push(name),
-                Err(e) => errors.push(format!("port {name}: {e}")),
-            }
-        }
-        for (o, c) in opened {
-            let name = c.name();
-            match self.commit_uplink(&mut st, o, c, true) {
-                Ok(_) => report.added.push(name),
-                Err(e) => errors.push(format!("uplink {name}: {e}")),
-            }
-        }
         for (id, c) in port_live {
             if let Some(e) = st.ports.iter_mut().find(|p| p.port.id == id) {
                 apply_port_live(&e.port, &c);
@@ -812,7 +815,7 @@ impl Runtime {
                 report.changed.push(e.uplink.name());
             }
         }
-        let s = &self.started;
+        let s = st.file_globals.replace(new.clone()).unwrap_or(new.clone());
         for (key, differs) in [
             ("control", new.control != s.control),
             (
@@ -986,6 +989,10 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         uplinks: Vec::new(),
         next_port: ports.len(),
         next_uplink: uplinks.len(),
+        file_globals: cfg
+            .file
+            .as_ref()
+            .and_then(|f| Config::from_file(&f.path).ok()),
     };
     for (i, (p, l)) in ports.iter().zip(listeners).enumerate() {
         let life = Arc::new(PortLife::default());
