@@ -68,7 +68,7 @@ def net(guest_env, tmp_path):
         delete_link(ns.tap)
 
 
-def test_port_add_and_del_while_another_guest_transfers(net):
+def test_port_add_and_del_while_another_guest_transfers(net, record_measurement):
     gs, a = net.gs, net.a
     iperf3_guest_server(a)
     iperf = subprocess.Popen(["iperf3", "-c", net.ip_a, "-t", "3600", "-i", "1", "-J", "-R"],
@@ -93,8 +93,9 @@ def test_port_add_and_del_while_another_guest_transfers(net):
         a_before = _port(gs, 0)["stats"]
 
         # A port is added while A transfers; guest B attaches and reaches A and the host.
-        added = gs.ctl("port", "add", f"socket={net.sock_b}")
         t_add = time.monotonic()
+        added = gs.ctl("port", "add", f"socket={net.sock_b}")
+        record_measurement("ports.add_ms", (time.monotonic() - t_add) * 1000)
         new_id = added["ok"]["id"]
         assert new_id == 1, added
         net.b = Guest("ports-b", vhost_user_netdev(net.sock_b), ip=f"{net.ip_b}/24")
@@ -108,8 +109,9 @@ def test_port_add_and_del_while_another_guest_transfers(net):
         n_at_del = len(transfers)
 
         # ... and removed while A still transfers.
-        removed = gs.ctl("port", "del", str(new_id))
         t_del = time.monotonic()
+        removed = gs.ctl("port", "del", str(new_id))
+        record_measurement("ports.del_ms", (time.monotonic() - t_del) * 1000)
         assert removed["ok"]["removed"] == net.sock_b, removed
         assert not os.path.exists(net.sock_b), "the removed port's socket file is gone"
         assert _port(gs, new_id) is None
@@ -132,9 +134,17 @@ def test_port_add_and_del_while_another_guest_transfers(net):
     result = json.loads(out)
     # SIGINT ends the client: that is the only error it may report.
     assert result.get("error") in (None, "interrupt - the client has terminated"), result
-    intervals = [(t0 + i["sum"]["start"], i["sum"]["bytes"]) for i in result["intervals"]]
-    assert sum(b for t, b in intervals if t > t_add) > 0, "iperf3 carried data after the add"
-    assert sum(b for t, b in intervals if t > t_del) > 0, "iperf3 carried data after the del"
+    intervals = [(t0 + i["sum"]["start"], i["sum"]["bytes"], i["sum"]["seconds"])
+                 for i in result["intervals"]]
+    assert sum(b for t, b, _ in intervals if t > t_add) > 0, "iperf3 carried data after the add"
+    assert sum(b for t, b, _ in intervals if t > t_del) > 0, "iperf3 carried data after the del"
+    # A's throughput before the add, while B was there, and after the del (figures only).
+    for key, lo, hi in (("before", t0, t_add), ("during", t_add, t_del),
+                        ("after", t_del, float("inf"))):
+        part = [(b, secs) for t, b, secs in intervals if lo <= t < hi]
+        if part:
+            gbps = sum(b for b, _ in part) * 8 / sum(secs for _, secs in part) / 1e9
+            record_measurement(f"ports.a_gbps_{key}", gbps)
     a_after = _port(gs, 0)["stats"]
     for k in ("tx_frames", "rx_frames", "tx_bytes", "rx_bytes"):
         assert a_after[k] > a_before[k], (k, a_before[k], a_after[k])

@@ -123,7 +123,7 @@ fn a_port_added_and_removed_while_others_carry_frames() {
                 if got.is_none() {
                     lost.push(seq);
                 }
-                if seq % 8 == 0 {
+                if seq.is_multiple_of(8) {
                     // Heard by whoever else is in the untagged domain.
                     let (h, f) = udp(a_mac, frames::BROADCAST, seq);
                     a.send(&h, &f, TxLayout::Single).unwrap();
