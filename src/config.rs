@@ -477,6 +477,14 @@ impl PortConfig {
 }
 
 impl UplinkConfig {
+    /// `tap=NAME` or `dev=NAME`, as the uplink is shown (and known to a reload).
+    pub fn name(&self) -> String {
+        match &self.kind {
+            UplinkKind::Tap(n) => format!("tap={n}"),
+            UplinkKind::Dev { name, .. } => format!("dev={name}"),
+        }
+    }
+
     pub const KEYS: &'static str =
         "tap or dev, queues, gso (pass|software), max_burst, rate, burst, rx_rate, rx_burst, bypass (dev only, on|off)";
 
@@ -572,6 +580,17 @@ pub struct Config {
     pub mac_aging_secs: u64,
     /// Where to serve Prometheus metrics (`--metrics`, `metrics = "ADDR:PORT"`); none: off.
     pub metrics: Option<std::net::SocketAddr>,
+    /// The `--config` file this came from, if any: a reload reads it again.
+    pub file: Option<FileOrigin>,
+}
+
+/// Where a configuration's file part came from: its first `ports` ports and first
+/// `uplinks` uplinks are the file's (the command line's follow them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileOrigin {
+    pub path: PathBuf,
+    pub ports: usize,
+    pub uplinks: usize,
 }
 
 /// A `--metrics`/`metrics` address: an IP address and a port, e.g. `127.0.0.1:9477`.
@@ -657,13 +676,19 @@ impl Config {
             path: path.display().to_string(),
             err: e.to_string(),
         })?;
-        Self::from_toml(&text).map_err(|e| match e {
+        let mut cfg = Self::from_toml(&text).map_err(|e| match e {
             ConfigError::Toml { err, .. } => ConfigError::Toml {
                 path: path.display().to_string(),
                 err,
             },
             other => other,
-        })
+        })?;
+        cfg.file = Some(FileOrigin {
+            path: path.to_path_buf(),
+            ports: cfg.ports.len(),
+            uplinks: cfg.uplinks.len(),
+        });
+        Ok(cfg)
     }
 
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
@@ -698,6 +723,7 @@ impl Config {
             )?,
             mac_aging_secs: f.mac_aging.unwrap_or(300),
             metrics: f.metrics.as_deref().map(parse_metrics_addr).transpose()?,
+            file: None,
         })
     }
 

@@ -63,19 +63,33 @@ Logging: RUST_LOG=gsonet=debug")]
         #[arg(long, value_name = "N", requires = "watch")]
         count: Option<u64>,
     },
-    /// Change a port or uplink at runtime, e.g. `gsonet ctl uplink:0 gso=software`,
-    /// `gsonet ctl port:vm1.sock tso=off max_burst=1400`.
+    /// Change, add or remove a port or uplink at runtime, or reload the --config file:
+    /// `gsonet ctl uplink:0 gso=software`, `gsonet ctl port:vm1.sock tso=off
+    /// max_burst=1400`, `gsonet ctl port add socket=/run/gsonet/vm3.sock,vlan=10`,
+    /// `gsonet ctl port del vm3.sock`, `gsonet ctl uplink add tap=gs1`,
+    /// `gsonet ctl uplink del 1`, `gsonet ctl reload`.
+    #[command(after_help = "Ports and uplinks at runtime:
+  port add SPEC        SPEC as --port takes it; the new port gets the next id (ids are never reused)
+  port del N|NAME      by id, socket path or the path's file name: its guest's connection is
+                       closed, its socket file removed; other ports are not disturbed
+  uplink add SPEC      SPEC as --uplink takes it
+  uplink del N|NAME    by id, name (tap=gs1) or interface name
+  reload               read the --config file again and apply the difference (as SIGHUP does);
+                       --port/--uplink entries and `ctl ... add` ones stay as they are
+
+At most 256 ports and 16 uplinks. A bad spec or file is refused with its reason and changes
+nothing. docs/operations.md, section Ports at runtime, has the details.")]
     Ctl {
         #[arg(long, value_name = "PATH", default_value = DEFAULT_CONTROL)]
         control: PathBuf,
-        /// port:N|SOCKET or uplink:N|NAME
+        /// port:N|SOCKET or uplink:N|NAME; or `port`/`uplink` followed by add SPEC or
+        /// del N|NAME; or `reload`.
         target: String,
         /// KEY=VALUE settings: ports take the offload switches (=on|off, applied to the
         /// next frontend connection, e.g. when its QEMU restarts), max_burst=N|off,
         /// gro=on|off, rate=MBIT|off, burst=KB, rx_rate=MBIT|off, rx_burst=KB,
         /// rx_coalesce_usecs=N and rx_coalesce_frames=N (at once); uplinks take
         /// gso=pass|software and max_burst (at once).
-        #[arg(required = true)]
         settings: Vec<String>,
     },
     /// Write shell completions (bash, zsh, fish, elvish) or man pages into DIR
@@ -383,6 +397,39 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             target,
             settings,
         } => {
+            let req = match (target.as_str(), settings.as_slice()) {
+                ("reload", []) => Some(control::Request::Reload),
+                ("port" | "uplink", [op, arg]) if op == "add" => Some(control::Request::Add {
+                    kind: target.clone(),
+                    spec: arg.clone(),
+                }),
+                ("port" | "uplink", [op, arg]) if op == "del" => Some(control::Request::Del {
+                    kind: target.clone(),
+                    which: arg.clone(),
+                }),
+                ("port" | "uplink", _) => {
+                    return Err((
+                        EXIT_CONFIG,
+                        format!("expected `{target} add SPEC` or `{target} del N|NAME`"),
+                    ))
+                }
+                (_, []) => {
+                    return Err((
+                        EXIT_CONFIG,
+                        format!("{target}: expected KEY=VALUE settings after it"),
+                    ))
+                }
+                _ => None,
+            };
+            if let Some(req) = req {
+                return match ask(&control, &req)? {
+                    control::Reply::Error { error } => Err((EXIT_CONFIG, error)),
+                    ok => {
+                        println!("{}", pretty(&ok)?);
+                        Ok(())
+                    }
+                };
+            }
             let settings = settings
                 .iter()
                 .map(|s| {

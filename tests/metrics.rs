@@ -264,3 +264,56 @@ fn a_bad_or_busy_metrics_address_is_refused() {
     // Start-up failed: the sockets it had bound are gone again.
     assert!(!sock.exists() && !ctl.exists());
 }
+
+/// Port ids in the scrape (from the `id` label of `gsonet_tx_frames_total`).
+fn scraped_ports(s: &Scrape) -> Vec<String> {
+    let mut ids: Vec<String> = s
+        .samples
+        .iter()
+        .filter(|x| x.metric == "gsonet_tx_frames_total" && x.labels.get("kind") == Some("port"))
+        .filter_map(|x| x.labels.get("id").map(str::to_string))
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[test]
+fn metrics_follow_ports_added_and_removed() {
+    let addr = free_addr();
+    let a = addr.to_string();
+    let d = Daemon::start_with(&DaemonSpec::ports(1), &["--metrics", &a]).expect("gsonet");
+    assert_eq!(scraped_ports(&scrape(addr).1), vec!["0"]);
+    let sock = std::env::temp_dir().join(format!("gsonet-m-{}.sock", common::daemon::unique_tag()));
+    let ctl = |args: &[&str]| {
+        let st = Command::new(bin())
+            .arg("ctl")
+            .arg("--control")
+            .arg(&d.control)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            st.status.success(),
+            "{}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+    };
+    ctl(&["port", "add", &format!("socket={}", sock.display())]);
+    let (_, s) = scrape(addr);
+    assert_eq!(scraped_ports(&s), vec!["0", "1"]);
+    let name = sock.display().to_string();
+    assert_eq!(
+        value(
+            &s,
+            "gsonet_tx_frames_total",
+            &[("kind", "port"), ("id", "1"), ("name", &name)]
+        ),
+        0.0
+    );
+    ctl(&["port", "del", "0"]);
+    assert_eq!(scraped_ports(&scrape(addr).1), vec!["1"]);
+    let stats = d.stats().unwrap();
+    assert_eq!(stats["ports"].as_array().unwrap().len(), 1);
+    assert_eq!(stats["ports"][0]["id"], 1);
+    ctl(&["port", "del", "1"]);
+}

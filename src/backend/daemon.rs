@@ -5,9 +5,10 @@ use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::Arc;
-use std::thread;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
@@ -15,11 +16,13 @@ use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::GuestMemoryAtomic;
 
-use super::control;
+use super::control::protocol::{Applied, ReloadReport};
+use super::control::server::{find_port, find_uplink};
+use super::control::{self, Lifecycle, Members};
 use super::metrics;
 use super::ratelimit::LogLimit;
 use super::socket::{bind_exclusive, Access, BindError, PrivateDir};
-use super::switch::{Switch, SwitchPort, SwitchUplink};
+use super::switch::{Switch, SwitchPort, SwitchUplink, MAX_PORTS, MAX_UPLINKS};
 use super::uplink::device::{PacketUplink, TapUplink};
 use super::uplink::packet::PacketError;
 use super::uplink::reader;
@@ -28,7 +31,7 @@ use super::uplink::Uplink;
 use super::vhost::backend::PortBackend;
 use super::vhost::port::Port;
 use super::vhost::relay;
-use crate::config::{Config, GroupSpec, SocketAccess, UplinkConfig, UplinkKind};
+use crate::config::{Config, GroupSpec, PortConfig, SocketAccess, UplinkConfig, UplinkKind};
 use crate::ring::GuestMem;
 use crate::sys::cred::{group_id, peer_cred};
 use crate::sys::io::poll_readable;
@@ -113,16 +116,38 @@ fn listen_control(path: &Path, access: Access) -> Result<UnixListener, DaemonErr
     })
 }
 
+/// A served port's way out: `gsonet ctl port del` (or a reload) sets `stop`, closes
+/// the connection being served and wakes the accept.
+#[derive(Default)]
+struct PortLife {
+    stop: AtomicBool,
+    /// The frontend connection being served now.
+    conn: Mutex<Option<UnixStream>>,
+}
+
+impl PortLife {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+}
+
 /// Waits for the next frontend: accepted on our socket, or (client mode) connected
-/// to QEMU's, retrying while it is not there.
-fn next_frontend(port: &Port, listener: Option<&UnixListener>) -> UnixStream {
+/// to QEMU's, retrying while it is not there. `None`: the port is being removed.
+fn next_frontend(
+    port: &Port,
+    listener: Option<&UnixListener>,
+    life: &PortLife,
+) -> Option<UnixStream> {
     loop {
+        if life.stopped() {
+            return None;
+        }
         let r = match listener {
             Some(l) => l.accept().map(|(s, _)| s),
             None => UnixStream::connect(&port.cfg.socket),
         };
         match r {
-            Ok(s) => return s,
+            Ok(s) => return (!life.stopped()).then_some(s),
             Err(e) => {
                 if listener.is_some() {
                     warn!(port = %port.name(), "accept failed: {e}");
@@ -190,14 +215,29 @@ impl Inner {
     }
 }
 
-/// Serves one port forever: one frontend at a time; after it goes away, the next.
-fn serve_port(port: Arc<Port>, switch: Arc<Switch>, listener: Option<UnixListener>) {
+/// Serves one port until it is removed: one frontend at a time; after it goes away,
+/// the next.
+fn serve_port(
+    port: Arc<Port>,
+    switch: Arc<Switch>,
+    listener: Option<UnixListener>,
+    life: Arc<PortLife>,
+) {
     let name = port.name();
     // Connect and disconnect lines of this port: a local user reconnecting in a loop
     // cannot flood the log. Kept apart from the guest's own lines (`Port::log`).
     let log = LogLimit::default();
     loop {
-        let front = next_frontend(&port, listener.as_ref());
+        let Some(front) = next_frontend(&port, listener.as_ref(), &life) else {
+            debug!(port = %name, "port removed; its thread ends");
+            return;
+        };
+        // Kept where a removal finds it (then checked again: a removal between the
+        // accept and here has set `stop` already).
+        *life.conn.lock().unwrap_or_else(|e| e.into_inner()) = front.try_clone().ok();
+        if life.stopped() {
+            return;
+        }
         if let Some(suppressed) = log.allow() {
             match peer_cred(front.as_fd()) {
                 Ok(c) => info!(
@@ -262,8 +302,13 @@ fn serve_port(port: Arc<Port>, switch: Arc<Switch>, listener: Option<UnixListene
         // connection's RX vring back into the port after the cleanup, where the next
         // guest would inherit it.
         drop(daemon);
+        *life.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
         port.set_connected(false);
         switch.port_down(port.id);
+        if life.stopped() {
+            info!(port = %name, "port removed; its frontend's connection is closed");
+            return;
+        }
         let Some(suppressed) = log.allow() else {
             continue;
         };
@@ -297,8 +342,592 @@ impl Drop for Bound {
     }
 }
 
+/// An uplink device opened, its readers not started yet.
+enum Opened {
+    Tap(Arc<TapUplink>),
+    Packet(Arc<PacketUplink>),
+}
+
+impl Opened {
+    /// Opens `u`'s device; `most_pairs` is its queue count unless `queues=` says.
+    fn open(u: &UplinkConfig, most_pairs: u16) -> Result<Opened, DaemonError> {
+        let u = &UplinkConfig {
+            queues: Some(u.queues.unwrap_or(most_pairs)),
+            ..u.clone()
+        };
+        Ok(match &u.kind {
+            UplinkKind::Tap(name) => Opened::Tap(Arc::new(TapUplink::open(u, name)?)),
+            UplinkKind::Dev { name, bypass } => {
+                Opened::Packet(Arc::new(PacketUplink::open(u, name, *bypass)?))
+            }
+        })
+    }
+
+    fn uplink(&self) -> Arc<dyn Uplink> {
+        match self {
+            Opened::Tap(t) => t.clone(),
+            Opened::Packet(p) => p.clone(),
+        }
+    }
+
+    fn start(
+        &self,
+        id: usize,
+        switch: &Arc<Switch>,
+        stop: &Arc<AtomicBool>,
+    ) -> io::Result<Vec<JoinHandle<()>>> {
+        match self {
+            Opened::Tap(t) => reader::start(t.clone(), id, switch.clone(), stop.clone()),
+            Opened::Packet(p) => reader::start(p.clone(), id, switch.clone(), stop.clone()),
+        }
+    }
+}
+
+/// A port being served.
+struct PortEntry {
+    port: Arc<Port>,
+    /// What it was configured with last (a reload compares the file with this).
+    cfg: PortConfig,
+    life: Arc<PortLife>,
+    thread: JoinHandle<()>,
+    /// From the `--config` file (a reload may change it) or the command line or
+    /// `gsonet ctl port add` (a reload leaves it alone).
+    from_file: bool,
+}
+
+/// An uplink being read.
+struct UplinkEntry {
+    id: usize,
+    uplink: Arc<dyn Uplink>,
+    cfg: UplinkConfig,
+    stop: Arc<AtomicBool>,
+    readers: Vec<JoinHandle<()>>,
+    from_file: bool,
+}
+
+/// A port built and its socket bound, not yet in the switch.
+struct PreparedPort {
+    port: Arc<Port>,
+    listener: Option<UnixListener>,
+    /// Its socket, removed again if it never serves.
+    bound: Bound,
+}
+
+struct State {
+    ports: Vec<PortEntry>,
+    uplinks: Vec<UplinkEntry>,
+    /// Ids of the next port and uplink: never reused (see `Switch`).
+    next_port: usize,
+    next_uplink: usize,
+    /// The file as last read: its global settings are compared with the next.
+    file_globals: Option<Config>,
+}
+
+/// The ports and uplinks of a running gsonet and their threads; what `gsonet ctl port
+/// add/del`, `uplink add/del` and `reload` (and SIGHUP) change. Its lock is the
+/// control side's only: frames never take it.
+struct Runtime {
+    switch: Arc<Switch>,
+    members: Arc<RwLock<Members>>,
+    state: Mutex<State>,
+    /// The configuration gsonet started with (its file, its global settings).
+    started: Config,
+}
+
+/// How long a removal waits for a port's or uplink's threads to end.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits (polling, at most until `deadline`) for a thread to end; whether it did.
+fn wait_finished(h: &JoinHandle<()>, deadline: Instant) -> bool {
+    while !h.is_finished() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+/// A port setting that changes without a new port: what `gsonet ctl port:N` sets.
+fn port_live_only(old: &PortConfig, new: &PortConfig) -> bool {
+    let same_rest = PortConfig {
+        mask: old.mask,
+        max_burst: old.max_burst,
+        gro: old.gro,
+        rate: old.rate,
+        rx_rate: old.rx_rate,
+        rx_coalesce_usecs: old.rx_coalesce_usecs,
+        rx_coalesce_frames: old.rx_coalesce_frames,
+        ..new.clone()
+    };
+    &same_rest == old
+}
+
+fn apply_port_live(p: &Port, c: &PortConfig) {
+    p.set_mask(c.mask);
+    p.set_max_burst(c.max_burst);
+    p.set_gro(c.gro);
+    p.set_rate(c.rate);
+    p.set_rx_rate(c.rx_rate);
+    p.rx_coalesce.set(c.rx_coalesce_usecs, c.rx_coalesce_frames);
+}
+
+/// An uplink setting that changes without a new uplink: `gso` and `max_burst`.
+fn uplink_live_only(old: &UplinkConfig, new: &UplinkConfig) -> bool {
+    let same_rest = UplinkConfig {
+        gso: old.gso,
+        max_burst: old.max_burst,
+        ..new.clone()
+    };
+    &same_rest == old
+}
+
+impl Runtime {
+    fn most_pairs(st: &State) -> u16 {
+        st.ports.iter().map(|p| p.cfg.queues).max().unwrap_or(1)
+    }
+
+    fn members(&self) -> std::sync::RwLockWriteGuard<'_, Members> {
+        self.members.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Builds port `cfg` and binds its socket; nothing is served yet.
+    fn prepare_port(&self, st: &mut State, cfg: PortConfig) -> Result<PreparedPort, String> {
+        if st.ports.len() >= MAX_PORTS {
+            return Err(format!("gsonet serves {MAX_PORTS} ports at most"));
+        }
+        if st.ports.iter().any(|p| p.cfg.socket == cfg.socket) {
+            return Err(format!("a port on {} exists already", cfg.socket.display()));
+        }
+        let id = st.next_port;
+        st.next_port += 1;
+        let access = resolve(&cfg.access, &cfg.socket).map_err(|e| e.to_string())?;
+        let port = Arc::new(Port::new(id, cfg).map_err(|e| DaemonError::Timer(e).to_string())?);
+        let mut bound = Bound(Vec::new());
+        let listener = if port.cfg.client {
+            None
+        } else {
+            let l = listen(&port.cfg.socket, access).map_err(|e| e.to_string())?;
+            bound.0.push(port.cfg.socket.clone());
+            Some(l)
+        };
+        Ok(PreparedPort {
+            port,
+            listener,
+            bound,
+        })
+    }
+
+    /// Puts a prepared port in the switch and starts serving it.
+    fn commit_port(
+        &self,
+        st: &mut State,
+        mut prep: PreparedPort,
+        from_file: bool,
+    ) -> Result<usize, String> {
+        let port = prep.port.clone();
+        let id = port.id;
+        self.switch
+            .add_port(id, port.clone())
+            .map_err(|e| e.to_string())?;
+        let life = Arc::new(PortLife::default());
+        let thread = match spawn_port(
+            port.clone(),
+            self.switch.clone(),
+            prep.listener.take(),
+            life.clone(),
+        ) {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = self.switch.remove_port(id);
+                return Err(e.to_string());
+            }
+        };
+        prep.bound.0.clear();
+        self.members().ports.push(port.clone());
+        info!(port = %port.name(), id, mode = if port.cfg.client { "client" } else { "server" }, queues = port.cfg.queues, "port added");
+        st.ports.push(PortEntry {
+            cfg: port.cfg.clone(),
+            port,
+            life,
+            thread,
+            from_file,
+        });
+        Ok(id)
+    }
+
+    /// Takes port `st.ports[i]` out: out of the switch first (no frame goes to it
+    /// any more), then its frontend's connection is closed, its thread ends and its
+    /// socket file goes.
+    fn remove_port(&self, st: &mut State, i: usize) -> (usize, String) {
+        let e = st.ports.remove(i);
+        let (id, name) = (e.port.id, e.port.name());
+        self.members().ports.retain(|p| p.id != id);
+        if let Err(err) = self.switch.remove_port(id) {
+            warn!(port = %name, "{err}");
+        }
+        e.life.stop.store(true, Ordering::Release);
+        if !e.cfg.client {
+            // Wakes the accept: it sees `stop` and returns.
+            let _ = UnixStream::connect(&e.cfg.socket);
+            // Only what is still a socket (ours); in client mode the socket is QEMU's.
+            drop(Bound(vec![e.cfg.socket.clone()]));
+        }
+        if let Some(c) = e.life.conn.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        if !wait_finished(&e.thread, Instant::now() + STOP_WAIT) {
+            warn!(port = %name, "the port's thread is slow to end; it ends on its own");
+        }
+        info!(port = %name, id, "port removed");
+        (id, name)
+    }
+
+    /// Opens uplink `cfg`'s device; it reads nothing yet.
+    fn prepare_uplink(&self, st: &State, cfg: &UplinkConfig) -> Result<Opened, String> {
+        if st.uplinks.len() >= MAX_UPLINKS {
+            return Err(format!("gsonet reads {MAX_UPLINKS} uplinks at most"));
+        }
+        let name = cfg.name();
+        if st.uplinks.iter().any(|u| u.cfg.name() == name) {
+            return Err(format!("uplink {name} exists already"));
+        }
+        Opened::open(cfg, Self::most_pairs(st)).map_err(|e| e.to_string())
+    }
+
+    fn commit_uplink(
+        &self,
+        st: &mut State,
+        opened: Opened,
+        cfg: UplinkConfig,
+        from_file: bool,
+    ) -> Result<usize, String> {
+        let id = st.next_uplink;
+        st.next_uplink += 1;
+        let uplink = opened.uplink();
+        self.switch
+            .add_uplink(id, uplink.clone())
+            .map_err(|e| e.to_string())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers = match opened.start(id, &self.switch, &stop) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.switch.remove_uplink(id);
+                return Err(format!("cannot start the uplink's readers: {e}"));
+            }
+        };
+        self.members().uplinks.push((id, uplink.clone()));
+        info!(uplink = %uplink.name(), id, "uplink added");
+        st.uplinks.push(UplinkEntry {
+            id,
+            uplink,
+            cfg,
+            stop,
+            readers,
+            from_file,
+        });
+        Ok(id)
+    }
+
+    /// Takes uplink `st.uplinks[i]` out and waits for its readers to end; its device
+    /// closes with the last reference.
+    fn remove_uplink(&self, st: &mut State, i: usize) -> (usize, String) {
+        let e = st.uplinks.remove(i);
+        let (id, name) = (e.id, e.uplink.name());
+        self.members().uplinks.retain(|(u, _)| *u != id);
+        if let Err(err) = self.switch.remove_uplink(id) {
+            warn!(uplink = %name, "{err}");
+        }
+        e.stop.store(true, Ordering::Release);
+        let deadline = Instant::now() + STOP_WAIT;
+        if !e.readers.iter().all(|h| wait_finished(h, deadline)) {
+            warn!(uplink = %name, "the uplink's readers are slow to end; they end on their own");
+        }
+        info!(uplink = %name, id, "uplink removed");
+        (id, name)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads the file again and applies the difference to its ports and uplinks.
+    /// Everything that can be checked is checked before anything changes: a file that
+    /// does not parse, names a socket or uplink twice, or adds one that cannot be
+    /// bound or opened changes nothing.
+    fn reload_file(&self) -> Result<ReloadReport, String> {
+        let origin = self.started.file.as_ref().ok_or(
+            "gsonet was started without --config: there is no file to read again".to_string(),
+        )?;
+        let nothing = |e: String| format!("{e}; nothing changed");
+        let new = Config::from_file(&origin.path).map_err(|e| nothing(e.to_string()))?;
+        let mut st = self.lock();
+        // Checks.
+        let mut sockets = std::collections::HashSet::new();
+        for p in st.ports.iter().filter(|p| !p.from_file) {
+            sockets.insert(p.cfg.socket.clone());
+        }
+        for p in &new.ports {
+            if !sockets.insert(p.socket.clone()) {
+                return Err(nothing(format!(
+                    "socket {} is named twice (in the file, or by the command line or `ctl port add` too)",
+                    p.socket.display()
+                )));
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        for u in st.uplinks.iter().filter(|u| !u.from_file) {
+            names.insert(u.cfg.name());
+        }
+        for u in &new.uplinks {
+            if !names.insert(u.name()) {
+                return Err(nothing(format!(
+                    "uplink {} is named twice (in the file, or by the command line or `ctl uplink add` too)",
+                    u.name()
+                )));
+            }
+        }
+        if sockets.len() > MAX_PORTS {
+            return Err(nothing(format!("gsonet serves {MAX_PORTS} ports at most")));
+        }
+        if names.len() > MAX_UPLINKS {
+            return Err(nothing(format!(
+                "gsonet reads {MAX_UPLINKS} uplinks at most"
+            )));
+        }
+        // The plan.
+        let mut report = ReloadReport::default();
+        let mut port_gone = Vec::new();
+        let mut port_recreate = Vec::new();
+        let mut port_live = Vec::new();
+        for e in st.ports.iter().filter(|p| p.from_file) {
+            match new.ports.iter().find(|p| p.socket == e.cfg.socket) {
+                None => port_gone.push(e.port.id),
+                Some(c) if *c == e.cfg => report.unchanged += 1,
+                Some(c) if port_live_only(&e.cfg, c) => port_live.push((e.port.id, c.clone())),
+                Some(c) => port_recreate.push((e.port.id, c.clone())),
+            }
+        }
+        let port_new: Vec<PortConfig> = new
+            .ports
+            .iter()
+            .filter(|c| !st.ports.iter().any(|p| p.cfg.socket == c.socket))
+            .cloned()
+            .collect();
+        let mut up_gone = Vec::new();
+        let mut up_recreate = Vec::new();
+        let mut up_live = Vec::new();
+        for e in st.uplinks.iter().filter(|u| u.from_file) {
+            match new.uplinks.iter().find(|u| u.name() == e.cfg.name()) {
+                None => up_gone.push(e.id),
+                Some(c) if *c == e.cfg => report.unchanged += 1,
+                Some(c) if uplink_live_only(&e.cfg, c) => up_live.push((e.id, c.clone())),
+                Some(c) => up_recreate.push((e.id, c.clone())),
+            }
+        }
+        let up_new: Vec<UplinkConfig> = new
+            .uplinks
+            .iter()
+            .filter(|c| !st.uplinks.iter().any(|u| u.cfg.name() == c.name()))
+            .cloned()
+            .collect();
+        // What is new is bound and opened before anything changes.
+        let mut prepared = Vec::new();
+        for c in port_new {
+            let name = c.name();
+            prepared.push(
+                self.prepare_port(&mut st, c)
+                    .map_err(|e| nothing(format!("port {name}: {e}")))?,
+            );
+        }
+        let mut opened = Vec::new();
+        for c in up_new {
+            let o = self
+                .prepare_uplink(&st, &c)
+                .map_err(|e| nothing(format!("uplink {}: {e}", c.name())))?;
+            opened.push((o, c));
+        }
+        // Changes.
+        let mut errors = Vec::new();
+        for id in port_gone {
+            if let Some(i) = st.ports.iter().position(|p| p.port.id == id) {
+                report.removed.push(self.remove_port(&mut st, i).1);
+            }
+        }
+        for id in up_gone {
+            if let Some(i) = st.uplinks.iter().position(|u| u.id == id) {
+                report.removed.push(self.remove_uplink(&mut st, i).1);
+            }
+        }
+        // New ports take their ids before re-created ones: ids only grow.
+        for p in prepared {
+            let name = p.port.name();
+            match self.commit_port(&mut st, p, true) {
+                Ok(_) => report.added.push(name),
+                Err(e) => errors.push(format!("port {name}: {e}")),
+            }
+        }
+        for (o, c) in opened {
+            let name = c.name();
+            match self.commit_uplink(&mut st, o, c, true) {
+                Ok(_) => report.added.push(name),
+                Err(e) => errors.push(format!("uplink {name}: {e}")),
+            }
+        }
+        for (id, c) in port_recreate {
+            if let Some(i) = st.ports.iter().position(|p| p.port.id == id) {
+                let name = self.remove_port(&mut st, i).1;
+                match self
+                    .prepare_port(&mut st, c)
+                    .and_then(|p| self.commit_port(&mut st, p, true))
+                {
+                    Ok(_) => report.recreated.push(name),
+                    Err(e) => errors.push(format!("port {name} was removed, not added again: {e}")),
+                }
+            }
+        }
+        for (id, c) in up_recreate {
+            if let Some(i) = st.uplinks.iter().position(|u| u.id == id) {
+                let name = self.remove_uplink(&mut st, i).1;
+                match self
+                    .prepare_uplink(&st, &c)
+                    .and_then(|o| self.commit_uplink(&mut st, o, c, true))
+                {
+                    Ok(_) => report.recreated.push(name),
+                    Err(e) => {
+                        errors.push(format!("uplink {name} was removed, not added again: {e}"))
+                    }
+                }
+            }
+        }
+        for (id, c) in port_live {
+            if let Some(e) = st.ports.iter_mut().find(|p| p.port.id == id) {
+                apply_port_live(&e.port, &c);
+                e.cfg = c;
+                report.changed.push(e.port.name());
+            }
+        }
+        for (id, c) in up_live {
+            if let Some(e) = st.uplinks.iter_mut().find(|u| u.id == id) {
+                e.uplink.set_gso_mode(c.gso);
+                e.uplink.set_max_burst(c.max_burst);
+                e.cfg = c;
+                report.changed.push(e.uplink.name());
+            }
+        }
+        let s = st.file_globals.replace(new.clone()).unwrap_or(new.clone());
+        for (key, differs) in [
+            ("control", new.control != s.control),
+            (
+                "control_mode/control_group",
+                new.control_access != s.control_access,
+            ),
+            ("mac_aging", new.mac_aging_secs != s.mac_aging_secs),
+            ("metrics", new.metrics != s.metrics),
+        ] {
+            if differs {
+                report.not_applied.push(key.to_string());
+            }
+        }
+        if errors.is_empty() {
+            Ok(report)
+        } else {
+            Err(format!(
+                "reload applied in part ({}): {}",
+                serde_json::to_string(&report).unwrap_or_default(),
+                errors.join("; ")
+            ))
+        }
+    }
+
+    /// A reload, logged (SIGHUP has no other answer).
+    fn reload_logged(&self) -> Result<ReloadReport, String> {
+        let r = self.reload_file();
+        match &r {
+            Ok(rep) => info!(
+                added = ?rep.added,
+                removed = ?rep.removed,
+                changed = ?rep.changed,
+                recreated = ?rep.recreated,
+                unchanged = rep.unchanged,
+                not_applied = ?rep.not_applied,
+                "configuration reloaded"
+            ),
+            Err(e) => warn!("configuration reload: {e}"),
+        }
+        r
+    }
+}
+
+impl Lifecycle for Runtime {
+    fn add(&self, kind: &str, spec: &str) -> Result<Applied, String> {
+        let mut st = self.lock();
+        match kind {
+            "port" => {
+                let cfg = PortConfig::parse(spec).map_err(|e| e.to_string())?;
+                let name = cfg.name();
+                let prep = self.prepare_port(&mut st, cfg)?;
+                let id = self.commit_port(&mut st, prep, false)?;
+                Ok(Applied::Added { added: name, id })
+            }
+            "uplink" => {
+                let cfg = UplinkConfig::parse(spec).map_err(|e| e.to_string())?;
+                let name = cfg.name();
+                let opened = self.prepare_uplink(&st, &cfg)?;
+                let id = self.commit_uplink(&mut st, opened, cfg, false)?;
+                Ok(Applied::Added { added: name, id })
+            }
+            _ => Err(format!("add what? `port` or `uplink`, not {kind:?}")),
+        }
+    }
+
+    fn del(&self, kind: &str, which: &str) -> Result<Applied, String> {
+        let mut st = self.lock();
+        let (id, name) = match kind {
+            "port" => {
+                let i = st
+                    .ports
+                    .iter()
+                    .position(|p| find_port(std::slice::from_ref(&p.port), which).is_some())
+                    .ok_or_else(|| format!("no port {which}"))?;
+                self.remove_port(&mut st, i)
+            }
+            "uplink" => {
+                let i = st
+                    .uplinks
+                    .iter()
+                    .position(|u| find_uplink(&[(u.id, u.uplink.clone())], which).is_some())
+                    .ok_or_else(|| format!("no uplink {which}"))?;
+                self.remove_uplink(&mut st, i)
+            }
+            _ => return Err(format!("del what? `port` or `uplink`, not {kind:?}")),
+        };
+        Ok(Applied::Removed { removed: name, id })
+    }
+
+    fn reload(&self) -> Result<Applied, String> {
+        self.reload_logged()
+            .map(|reloaded| Applied::Reloaded { reloaded })
+    }
+}
+
+fn spawn_port(
+    port: Arc<Port>,
+    switch: Arc<Switch>,
+    listener: Option<UnixListener>,
+    life: Arc<PortLife>,
+) -> Result<JoinHandle<()>, DaemonError> {
+    thread::Builder::new()
+        .name(format!("port{}", port.id))
+        .spawn(move || serve_port(port, switch, listener, life))
+        .map_err(DaemonError::Thread)
+}
+
 /// Builds everything from `cfg` and serves until the process is killed.
 pub fn run(cfg: Config) -> Result<(), DaemonError> {
+    // SIGHUP reloads the file; caught from the start, so an early one cannot kill us.
+    let mut hangups = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
+        .map_err(DaemonError::Thread)?;
     let ports: Vec<Arc<Port>> = cfg
         .ports
         .iter()
@@ -307,27 +936,11 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         .collect::<io::Result<_>>()
         .map_err(DaemonError::Timer)?;
     let most_pairs = cfg.ports.iter().map(|p| p.queues).max().unwrap_or(1);
-    let mut taps = Vec::new();
-    let mut packets = Vec::new();
-    let mut uplinks: Vec<Arc<dyn Uplink>> = Vec::new();
-    for u in &cfg.uplinks {
-        let u = &UplinkConfig {
-            queues: Some(u.queues.unwrap_or(most_pairs)),
-            ..u.clone()
-        };
-        match &u.kind {
-            UplinkKind::Tap(name) => {
-                let t = Arc::new(TapUplink::open(u, name)?);
-                taps.push((uplinks.len(), t.clone()));
-                uplinks.push(t);
-            }
-            UplinkKind::Dev { name, bypass } => {
-                let p = Arc::new(PacketUplink::open(u, name, *bypass)?);
-                packets.push((uplinks.len(), p.clone()));
-                uplinks.push(p);
-            }
-        }
-    }
+    let opened = cfg
+        .uplinks
+        .iter()
+        .map(|u| Opened::open(u, most_pairs))
+        .collect::<Result<Vec<_>, _>>()?;
     // Listen on every socket before anything runs, so a bad path fails start-up; the
     // groups are looked up first, so a bad one leaves no socket behind.
     let access = ports
@@ -358,6 +971,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         })
         .transpose()?;
     bound.0.clear();
+    let uplinks: Vec<Arc<dyn Uplink>> = opened.iter().map(Opened::uplink).collect();
     let switch = Arc::new(Switch::new(
         ports
             .iter()
@@ -369,29 +983,61 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
             .collect(),
         Duration::from_secs(cfg.mac_aging_secs),
     ));
-    for (p, l) in ports.iter().zip(listeners) {
-        if let Some(mac) = p.cfg.mac {
-            switch.pin_mac(mac, p.id);
-        }
-        let (p, sw) = (p.clone(), switch.clone());
-        thread::Builder::new()
-            .name(format!("port{}", p.id))
-            .spawn(move || serve_port(p, sw, l))
-            .map_err(DaemonError::Thread)?;
+    let (file_ports, file_uplinks) = cfg.file.as_ref().map_or((0, 0), |f| (f.ports, f.uplinks));
+    let mut st = State {
+        ports: Vec::new(),
+        uplinks: Vec::new(),
+        next_port: ports.len(),
+        next_uplink: uplinks.len(),
+        file_globals: cfg
+            .file
+            .as_ref()
+            .and_then(|f| Config::from_file(&f.path).ok()),
+    };
+    for (i, (p, l)) in ports.iter().zip(listeners).enumerate() {
+        let life = Arc::new(PortLife::default());
+        let thread = spawn_port(p.clone(), switch.clone(), l, life.clone())?;
+        st.ports.push(PortEntry {
+            port: p.clone(),
+            cfg: p.cfg.clone(),
+            life,
+            thread,
+            from_file: i < file_ports,
+        });
     }
-    for (i, t) in taps {
-        reader::start(t, i, switch.clone()).map_err(DaemonError::Thread)?;
-    }
-    for (i, p) in packets {
-        reader::start(p, i, switch.clone()).map_err(DaemonError::Thread)?;
+    for (i, (o, c)) in opened.into_iter().zip(&cfg.uplinks).enumerate() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers = o.start(i, &switch, &stop).map_err(DaemonError::Thread)?;
+        st.uplinks.push(UplinkEntry {
+            id: i,
+            uplink: o.uplink(),
+            cfg: c.clone(),
+            stop,
+            readers,
+            from_file: i < file_uplinks,
+        });
     }
     switch.caps_changed();
     for p in &ports {
         info!(port = %p.name(), mode = if p.cfg.client { "client" } else { "server" }, queues = p.cfg.queues, "port ready");
     }
     info!(control = %cfg.control.display(), "control socket ready");
-    let registry = Arc::new(control::Registry { ports, uplinks });
-    if let (Some(l), Some(addr)) = (metrics_listener, cfg.metrics) {
+    let members = Arc::new(RwLock::new(Members {
+        ports,
+        uplinks: uplinks.into_iter().enumerate().collect(),
+    }));
+    let metrics_addr = cfg.metrics;
+    let runtime = Arc::new(Runtime {
+        switch,
+        members: members.clone(),
+        state: Mutex::new(st),
+        started: cfg,
+    });
+    let registry = Arc::new(control::Registry {
+        members,
+        lifecycle: Some(runtime.clone()),
+    });
+    if let (Some(l), Some(addr)) = (metrics_listener, metrics_addr) {
         let r = registry.clone();
         thread::Builder::new()
             .name("metrics".into())
@@ -399,6 +1045,15 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
             .map_err(DaemonError::Thread)?;
         info!(%addr, "metrics at http://{addr}/metrics");
     }
+    thread::Builder::new()
+        .name("sighup".into())
+        .spawn(move || {
+            for _ in hangups.forever() {
+                info!("SIGHUP: reading the configuration file again");
+                let _ = runtime.reload_logged();
+            }
+        })
+        .map_err(DaemonError::Thread)?;
     // Every socket listens and every thread runs: tell systemd (Type=notify).
     match crate::sys::notify::notify("READY=1\nSTATUS=serving") {
         Ok(true) => debug!("readiness sent to the service manager"),

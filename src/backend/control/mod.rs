@@ -5,4 +5,4 @@ pub mod protocol;
 pub mod server;
 
 pub use protocol::{request, Reply, Request};
-pub use server::{serve, Registry};
+pub use server::{serve, Lifecycle, Members, Registry};

@@ -21,6 +21,19 @@ pub enum Request {
         #[serde(default)]
         settings: Vec<(String, String)>,
     },
+    /// Adds a port (`kind` "port", `spec` as `--port` takes it) or an uplink (`kind`
+    /// "uplink", `spec` as `--uplink` takes it).
+    Add {
+        kind: String,
+        spec: String,
+    },
+    /// Removes a port (by id, socket path or file name) or an uplink (by id or name).
+    Del {
+        kind: String,
+        which: String,
+    },
+    /// Reads the `--config` file again and applies the difference.
+    Reload,
 }
 
 /// One answer line.
@@ -53,6 +66,28 @@ pub enum Applied {
         gso: GsoMode,
         max_burst: Option<usize>,
     },
+    /// A port or uplink added: its id (as in `port:N`, never reused) and name.
+    Added { added: String, id: usize },
+    /// A port or uplink removed.
+    Removed { removed: String, id: usize },
+    /// What a reload did.
+    Reloaded { reloaded: ReloadReport },
+}
+
+/// What a reload of the configuration file changed, each port by its socket path and
+/// each uplink by its name.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReloadReport {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    /// Changed in settings that apply live (as `gsonet ctl` applies them).
+    pub changed: Vec<String>,
+    /// Changed in settings that need a new port or uplink: removed and added again.
+    pub recreated: Vec<String>,
+    pub unchanged: usize,
+    /// Settings of the file that a reload does not apply (they need a restart).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_applied: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -6,7 +6,7 @@
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -21,13 +21,51 @@ use crate::config::{
     MAX_RX_COALESCE_USECS,
 };
 
-/// Everything the control socket reports on and changes.
-pub struct Registry {
+/// The ports and uplinks there are now, each uplink with its id in the switch.
+#[derive(Default, Clone)]
+pub struct Members {
     pub ports: Vec<Arc<Port>>,
-    pub uplinks: Vec<Arc<dyn Uplink>>,
+    pub uplinks: Vec<(usize, Arc<dyn Uplink>)>,
 }
 
-pub fn report(r: &Registry) -> StatsReport {
+/// Adding and removing ports and uplinks, and reloading the configuration file: the
+/// daemon's, which owns their threads.
+pub trait Lifecycle: Send + Sync {
+    fn add(&self, kind: &str, spec: &str) -> Result<Applied, String>;
+    fn del(&self, kind: &str, which: &str) -> Result<Applied, String>;
+    fn reload(&self) -> Result<Applied, String>;
+}
+
+/// Everything the control socket reports on and changes. `members` is written by the
+/// lifecycle only (under its own lock) and read here; no frame ever takes it.
+pub struct Registry {
+    pub members: Arc<RwLock<Members>>,
+    pub lifecycle: Option<Arc<dyn Lifecycle>>,
+}
+
+impl Registry {
+    /// A fixed set of ports and uplinks (ids 0..), without a lifecycle.
+    pub fn new(ports: Vec<Arc<Port>>, uplinks: Vec<Arc<dyn Uplink>>) -> Registry {
+        Registry {
+            members: Arc::new(RwLock::new(Members {
+                ports,
+                uplinks: uplinks.into_iter().enumerate().collect(),
+            })),
+            lifecycle: None,
+        }
+    }
+
+    /// The members now (a copy of the lists: the lock is not held while they are used).
+    pub fn members(&self) -> Members {
+        self.members
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+pub fn report(reg: &Registry) -> StatsReport {
+    let r = reg.members();
     StatsReport {
         ports: r
             .ports
@@ -50,9 +88,8 @@ pub fn report(r: &Registry) -> StatsReport {
         uplinks: r
             .uplinks
             .iter()
-            .enumerate()
             .map(|(i, u)| UplinkReport {
-                id: i,
+                id: *i,
                 name: u.name(),
                 gso: u.gso_mode(),
                 stats: u.counters().snapshot(),
@@ -71,19 +108,29 @@ fn bounded(k: &str, v: &str, max: u32) -> Result<u32, String> {
         .ok_or_else(|| format!("{k}={v}: expected a number from 0 to {max}"))
 }
 
-fn apply(r: &Registry, target: &str, settings: &[(String, String)]) -> Result<Applied, String> {
+/// The port `which` names: its id, its socket path or the path's file name.
+pub fn find_port<'a>(ports: &'a [Arc<Port>], which: &str) -> Option<&'a Arc<Port>> {
+    ports.iter().find(|p| {
+        p.id.to_string() == which || p.name() == which || p.name().ends_with(&format!("/{which}"))
+    })
+}
+
+/// The uplink `which` names: its id, its name (`tap=NAME`) or the interface's name.
+pub fn find_uplink<'a>(
+    uplinks: &'a [(usize, Arc<dyn Uplink>)],
+    which: &str,
+) -> Option<&'a (usize, Arc<dyn Uplink>)> {
+    uplinks.iter().find(|(i, u)| {
+        i.to_string() == which || u.name() == which || u.name().ends_with(&format!("={which}"))
+    })
+}
+
+fn apply(reg: &Registry, target: &str, settings: &[(String, String)]) -> Result<Applied, String> {
     let (kind, which) = target.split_once(':').ok_or(TARGETS)?;
+    let r = reg.members();
     match kind {
         "port" => {
-            let p = r
-                .ports
-                .iter()
-                .find(|p| {
-                    p.id.to_string() == which
-                        || p.name() == which
-                        || p.name().ends_with(&format!("/{which}"))
-                })
-                .ok_or_else(|| format!("no port {which}"))?;
+            let p = find_port(&r.ports, which).ok_or_else(|| format!("no port {which}"))?;
             let mut mask = p.mask();
             let mut burst = p.max_burst();
             let (mut usecs, mut frames) = p.rx_coalesce.settings();
@@ -169,17 +216,8 @@ fn apply(r: &Registry, target: &str, settings: &[(String, String)]) -> Result<Ap
             })
         }
         "uplink" => {
-            let u = r
-                .uplinks
-                .iter()
-                .enumerate()
-                .find(|(i, u)| {
-                    i.to_string() == which
-                        || u.name() == which
-                        || u.name().ends_with(&format!("={which}"))
-                })
-                .map(|(_, u)| u)
-                .ok_or_else(|| format!("no uplink {which}"))?;
+            let (_, u) =
+                find_uplink(&r.uplinks, which).ok_or_else(|| format!("no uplink {which}"))?;
             let mut burst = crate::backend::switch::deliver::Destination::max_burst(u.as_ref());
             for (k, v) in settings {
                 match k.as_str() {
@@ -208,8 +246,23 @@ fn answer(r: &Registry, line: &str) -> Reply {
             Ok(ok) => Reply::Ok { ok },
             Err(error) => Reply::Error { error },
         },
+        Ok(Request::Add { kind, spec }) => lifecycle(r, |l| l.add(&kind, &spec)),
+        Ok(Request::Del { kind, which }) => lifecycle(r, |l| l.del(&kind, &which)),
+        Ok(Request::Reload) => lifecycle(r, |l| l.reload()),
         Err(e) => Reply::Error {
             error: format!("bad request: {e}"),
+        },
+    }
+}
+
+fn lifecycle(r: &Registry, f: impl FnOnce(&dyn Lifecycle) -> Result<Applied, String>) -> Reply {
+    match r.lifecycle.as_deref() {
+        None => Reply::Error {
+            error: "ports and uplinks cannot be added or removed here".into(),
+        },
+        Some(l) => match f(l) {
+            Ok(ok) => Reply::Ok { ok },
+            Err(error) => Reply::Error { error },
         },
     }
 }

@@ -337,10 +337,7 @@ mod tests {
 
     #[test]
     fn an_empty_registry_renders_the_families() {
-        let e = Arc::new(Endpoints {
-            ports: vec![],
-            uplinks: vec![],
-        });
+        let e = Arc::new(Endpoints::new(vec![], vec![]));
         let text = render(&e).unwrap();
         // No endpoint, no series: the text format leaves such families out.
         assert_eq!(text, "");

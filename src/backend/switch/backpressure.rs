@@ -137,6 +137,9 @@ impl Held {
         let i = match self.by_dst.iter().position(|h| h.dst == dst) {
             Some(i) => i,
             None => {
+                // Places of destinations with nothing held go first, so the list stays
+                // as long as the destinations that wait.
+                self.by_dst.retain(|h| !h.frames.is_empty());
                 self.by_dst.push(HeldFor {
                     dst,
                     frames: VecDeque::new(),
@@ -180,6 +183,19 @@ impl Held {
         let room = switch.rx_room().generation();
         let moved = room != self.seen_room;
         self.seen_room = room;
+        if moved {
+            // A destination taken out of the switch: what is held for it goes, and so
+            // does its place (ids are never reused, so nothing else will want it).
+            let mut freed = 0;
+            self.by_dst.retain(|h| {
+                let keep = switch.has(h.dst);
+                if !keep {
+                    freed += h.frames.iter().map(|f| f.bytes.len()).sum::<usize>();
+                }
+                keep
+            });
+            self.bytes -= freed;
+        }
         let now = Instant::now();
         for held in self.by_dst.iter_mut() {
             let dst = held.dst;

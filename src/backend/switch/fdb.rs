@@ -63,9 +63,11 @@ pub struct Fdb {
     map: HashMap<FdbKey, u32>,
     slab: Vec<Entry>,
     free: Vec<u32>,
-    /// Lists of ports `0..ports`, then of uplinks.
+    /// One list per endpoint in the table; `index` says whose.
     lists: Vec<Lru>,
-    ports: usize,
+    index: HashMap<Endpoint, usize>,
+    /// Lists of endpoints taken out, for the next one added.
+    spare: Vec<usize>,
     /// Addresses the operator configured: never aged, never moved by learning.
     pinned: HashMap<FdbKey, Endpoint>,
     aging: Duration,
@@ -75,39 +77,75 @@ impl Fdb {
     /// A table for ports and uplinks that may learn `port_limits[i]` and
     /// `uplink_limits[i]` addresses each (at least one).
     pub fn new(aging: Duration, port_limits: &[usize], uplink_limits: &[usize]) -> Fdb {
-        let lists = port_limits
-            .iter()
-            .chain(uplink_limits)
-            .map(|&limit| Lru {
-                head: NIL,
-                tail: NIL,
-                len: 0,
-                limit: limit.max(1),
-            })
-            .collect();
-        Fdb {
+        let mut fdb = Fdb {
             map: HashMap::new(),
             slab: Vec::new(),
             free: Vec::new(),
-            lists,
-            ports: port_limits.len(),
+            lists: Vec::new(),
+            index: HashMap::new(),
+            spare: Vec::new(),
             pinned: HashMap::new(),
             aging,
+        };
+        for (i, &limit) in port_limits.iter().enumerate() {
+            fdb.add(Endpoint::Port(i), limit);
+        }
+        for (i, &limit) in uplink_limits.iter().enumerate() {
+            fdb.add(Endpoint::Uplink(i), limit);
+        }
+        fdb
+    }
+
+    /// Makes room for endpoint `at`, which may learn `limit` addresses (at least one).
+    /// An endpoint not in the table learns nothing.
+    pub fn add(&mut self, at: Endpoint, limit: usize) {
+        let lru = Lru {
+            head: NIL,
+            tail: NIL,
+            len: 0,
+            limit: limit.max(1),
+        };
+        if let Some(&l) = self.index.get(&at) {
+            self.forget(at);
+            self.lists[l] = lru;
+            return;
+        }
+        let l = match self.spare.pop() {
+            Some(l) => {
+                self.lists[l] = lru;
+                l
+            }
+            None => {
+                self.lists.push(lru);
+                self.lists.len() - 1
+            }
+        };
+        self.index.insert(at, l);
+    }
+
+    /// Takes endpoint `at` out: what it learned goes, in O(its addresses), and it
+    /// learns nothing more.
+    pub fn remove(&mut self, at: Endpoint) {
+        self.forget(at);
+        if let Some(l) = self.index.remove(&at) {
+            self.spare.push(l);
+        }
+    }
+
+    /// Unpins `key` if it is pinned to `at`.
+    pub fn unpin(&mut self, key: &FdbKey, at: Endpoint) {
+        if self.pinned.get(key) == Some(&at) {
+            self.pinned.remove(key);
         }
     }
 
     fn list_of(&self, e: Endpoint) -> Option<usize> {
-        let i = match e {
-            Endpoint::Port(i) if i < self.ports => i,
-            Endpoint::Uplink(i) => self.ports.checked_add(i)?,
-            Endpoint::Port(_) => return None,
-        };
-        (i < self.lists.len()).then_some(i)
+        self.index.get(&e).copied()
     }
 
     pub fn pin(&mut self, key: FdbKey, at: Endpoint) {
         if let Some(&i) = self.map.get(&key) {
-            self.remove(i);
+            self.remove_entry(i);
         }
         self.pinned.insert(key, at);
     }
@@ -150,7 +188,7 @@ impl Fdb {
         self.lists[l].len += 1;
     }
 
-    fn remove(&mut self, i: u32) {
+    fn remove_entry(&mut self, i: u32) {
         self.unlink(i);
         let key = self.slab[i as usize].key;
         self.map.remove(&key);
@@ -161,7 +199,7 @@ impl Fdb {
     fn evict_over_quota(&mut self, l: usize) {
         while self.lists[l].len > self.lists[l].limit {
             let tail = self.lists[l].tail;
-            self.remove(tail);
+            self.remove_entry(tail);
         }
     }
 
@@ -208,12 +246,12 @@ impl Fdb {
                 return Learned::Moved { from };
             }
             // Forgotten where it was: learnt anew here, not a move.
-            self.remove(i);
+            self.remove_entry(i);
         }
         for _ in 0..REAP_PER_LEARN {
             match self.lists[l].tail {
                 NIL => break,
-                t if self.aged(t, now) => self.remove(t),
+                t if self.aged(t, now) => self.remove_entry(t),
                 _ => break,
             }
         }
@@ -247,7 +285,7 @@ impl Fdb {
         }
         let &i = self.map.get(key)?;
         if self.aged(i, now) {
-            self.remove(i);
+            self.remove_entry(i);
             return None;
         }
         Some(self.slab[i as usize].at)
@@ -258,7 +296,7 @@ impl Fdb {
         let Some(l) = self.list_of(at) else { return };
         while self.lists[l].head != NIL {
             let h = self.lists[l].head;
-            self.remove(h);
+            self.remove_entry(h);
         }
     }
 

@@ -17,6 +17,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arc_swap::{ArcSwap, Guard};
+
 use tracing::warn;
 
 use crate::config::PORT_MAC_LIMIT;
@@ -78,6 +80,7 @@ pub trait SwitchUplink: Destination + Send + Sync {
 }
 
 /// A port's place in the switch, read once from its configuration.
+#[derive(Clone)]
 struct PortRole {
     vlan: Option<Vid>,
     trunk: Option<VlanSet>,
@@ -85,15 +88,187 @@ struct PortRole {
     mac_lock: bool,
 }
 
-pub struct Switch {
-    ports: Vec<Arc<dyn SwitchPort>>,
-    roles: Vec<PortRole>,
-    uplinks: Vec<Arc<dyn SwitchUplink>>,
-    fdb: Mutex<Fdb>,
+impl PortRole {
+    fn of(p: &dyn SwitchPort) -> PortRole {
+        PortRole {
+            vlan: p.vlan(),
+            trunk: p.trunk(),
+            mac: p.mac(),
+            mac_lock: p.mac_lock(),
+        }
+    }
+
+    /// The domains the port takes part in: its access VLAN (or the untagged domain)
+    /// and its trunk's VLANs.
+    fn domains(&self) -> impl Iterator<Item = Domain> + '_ {
+        std::iter::once(self.vlan).chain(self.trunk.iter().flat_map(|t| t.iter().map(Some)))
+    }
+}
+
+#[derive(Clone)]
+struct PortSlot {
+    id: usize,
+    port: Arc<dyn SwitchPort>,
+    role: PortRole,
+}
+
+#[derive(Clone)]
+struct UplinkSlot {
+    id: usize,
+    uplink: Arc<dyn SwitchUplink>,
+}
+
+/// The ports and uplinks of the switch at one moment, sorted by id. Frames read it
+/// without a lock (`ArcSwap`); a change builds a new one and swaps it in, so a frame
+/// being routed keeps the set it started with.
+struct Topology {
+    ports: Vec<PortSlot>,
+    uplinks: Vec<UplinkSlot>,
     /// Every VLAN some port uses (access VLANs and trunk ports' allowed VIDs),
     /// sorted: a tagged uplink frame with one of these VIDs belongs to that VLAN; any
     /// other uplink frame to the untagged domain.
     vlans: Vec<Vid>,
+}
+
+impl Topology {
+    fn new(mut ports: Vec<PortSlot>, mut uplinks: Vec<UplinkSlot>) -> Topology {
+        ports.sort_by_key(|p| p.id);
+        uplinks.sort_by_key(|u| u.id);
+        let mut used = VlanSet::default();
+        for p in &ports {
+            for v in p.role.domains().flatten() {
+                used.insert(v);
+            }
+        }
+        Topology {
+            ports,
+            uplinks,
+            vlans: used.iter().collect(),
+        }
+    }
+
+    fn port(&self, id: usize) -> Option<&PortSlot> {
+        let i = self.ports.binary_search_by_key(&id, |p| p.id).ok()?;
+        Some(&self.ports[i])
+    }
+
+    fn uplink(&self, id: usize) -> Option<&UplinkSlot> {
+        let i = self.uplinks.binary_search_by_key(&id, |u| u.id).ok()?;
+        Some(&self.uplinks[i])
+    }
+
+    fn role(&self, id: usize) -> Option<&PortRole> {
+        self.port(id).map(|p| &p.role)
+    }
+
+    fn has(&self, e: Endpoint) -> bool {
+        match e {
+            Endpoint::Port(i) => self.port(i).is_some(),
+            Endpoint::Uplink(i) => self.uplink(i).is_some(),
+        }
+    }
+
+    fn attach(&self, e: Endpoint) -> Attach<'_> {
+        match e {
+            Endpoint::Port(i) => match self.role(i) {
+                Some(PortRole { trunk: Some(t), .. }) => Attach::TrunkPort(t),
+                Some(PortRole { vlan: Some(v), .. }) => Attach::Access(*v),
+                _ => Attach::Untagged,
+            },
+            Endpoint::Uplink(_) => Attach::Trunk,
+        }
+    }
+
+    fn is_trunk_port(&self, e: Endpoint) -> bool {
+        match e {
+            Endpoint::Port(i) => self.role(i).is_some_and(|r| r.trunk.is_some()),
+            Endpoint::Uplink(_) => false,
+        }
+    }
+
+    /// Whether `e` carries VLANs tagged: uplinks and trunk ports.
+    fn sees_tags(&self, e: Endpoint) -> bool {
+        matches!(e, Endpoint::Uplink(_)) || self.is_trunk_port(e)
+    }
+
+    /// Whether `e` takes part in `domain`: access ports of that VLAN, trunk ports that
+    /// allow it, untagged and trunk ports for the untagged domain; uplinks always.
+    fn in_domain(&self, e: Endpoint, domain: Domain) -> bool {
+        match e {
+            Endpoint::Port(i) => self.role(i).is_some_and(|r| match (&r.trunk, domain) {
+                (Some(_), None) => true,
+                (Some(t), Some(v)) => t.contains(v.get()),
+                (None, d) => r.vlan == d,
+            }),
+            Endpoint::Uplink(i) => self.uplink(i).is_some(),
+        }
+    }
+
+    /// Whether a frame of `domain` (`foreign`: carrying a tag no port uses) may go to
+    /// `e`.
+    fn reaches(&self, e: Endpoint, domain: Domain, foreign: bool) -> bool {
+        self.in_domain(e, domain) && !(foreign && self.is_trunk_port(e))
+    }
+
+    fn counters(&self, e: Endpoint) -> Option<&Counters> {
+        match e {
+            Endpoint::Port(i) => self.port(i).map(|p| p.port.stats()),
+            Endpoint::Uplink(i) => self.uplink(i).map(|u| u.uplink.stats()),
+        }
+    }
+
+    /// Where a frame of `domain` from `src` is flooded: every other connected port of
+    /// the domain and every other uplink.
+    fn flood_targets(
+        &self,
+        src: Endpoint,
+        domain: Domain,
+        foreign: bool,
+    ) -> impl Iterator<Item = Endpoint> + '_ {
+        let ports = self
+            .ports
+            .iter()
+            .filter(|p| p.port.is_connected())
+            .map(|p| Endpoint::Port(p.id));
+        let uplinks = self.uplinks.iter().map(|u| Endpoint::Uplink(u.id));
+        ports
+            .chain(uplinks)
+            .filter(move |&e| e != src && self.reaches(e, domain, foreign))
+    }
+}
+
+/// Ports and uplinks one switch holds at once at most: each port has its serving
+/// thread, per-connection queue workers and up to `mac_limit` FDB entries, each
+/// uplink a reader thread per queue and 8192 FDB entries, and a flood visits every
+/// one of them. These keep the threads, the table (256 x 256 + 16 x 8192 entries at
+/// the defaults) and the cost of one flood bounded.
+pub const MAX_PORTS: usize = 256;
+pub const MAX_UPLINKS: usize = 16;
+
+/// Why a port or uplink could not be added to or removed from the switch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemberError {
+    #[error("the switch holds {0} ports at most")]
+    TooManyPorts(usize),
+    #[error("the switch holds {0} uplinks at most")]
+    TooManyUplinks(usize),
+    #[error("{0:?} is already in the switch")]
+    Taken(Endpoint),
+    #[error("{0:?} is not in the switch")]
+    Missing(Endpoint),
+    #[error("{0:?} was used before: ids are never reused")]
+    Reused(Endpoint),
+}
+
+/// The switch. Endpoint ids are never reused within one process: a frame routed or
+/// held for a port that is gone names an id nothing else will ever have, so it is
+/// dropped, never delivered to a newcomer (the id is its own generation).
+pub struct Switch {
+    topo: ArcSwap<Topology>,
+    /// Serialises changes of the topology, and holds the lowest port and uplink ids
+    /// not used yet; frames never take it.
+    change: Mutex<(usize, usize)>,
+    fdb: Mutex<Fdb>,
     rx_room: RxRoom,
     /// What the uplinks were last programmed with.
     programmed: Mutex<Option<Caps>>,
@@ -102,7 +277,7 @@ pub struct Switch {
 /// Where one frame goes, decided once: its source, its destination (or none: flood
 /// within `domain`) and the view of it each kind of destination gets.
 pub struct Route<'a> {
-    sw: &'a Switch,
+    topo: Guard<Arc<Topology>>,
     src: Endpoint,
     known: Option<Endpoint>,
     domain: Domain,
@@ -123,7 +298,7 @@ impl<'a> Route<'a> {
 
     /// The view of the frame destination `e` gets.
     pub fn view(&self, e: Endpoint) -> Option<&Frame<'a>> {
-        if self.domain.is_some() && self.sw.sees_tags(e) {
+        if self.domain.is_some() && self.topo.sees_tags(e) {
             self.tagged.as_ref()
         } else {
             self.untagged.as_ref()
@@ -132,44 +307,44 @@ impl<'a> Route<'a> {
 }
 
 impl Switch {
+    /// A switch of `ports` (ids 0..) and `uplinks` (ids 0..).
     pub fn new(
         ports: Vec<Arc<dyn SwitchPort>>,
         uplinks: Vec<Arc<dyn SwitchUplink>>,
         aging: Duration,
     ) -> Switch {
-        let roles: Vec<PortRole> = ports
-            .iter()
-            .map(|p| PortRole {
-                vlan: p.vlan(),
-                trunk: p.trunk(),
-                mac: p.mac(),
-                mac_lock: p.mac_lock(),
-            })
-            .collect();
-        let mut used = VlanSet::default();
-        for r in &roles {
-            if let Some(v) = r.vlan {
-                used.insert(v);
-            }
-            for v in r.trunk.iter().flat_map(|t| t.iter()) {
-                used.insert(v);
-            }
-        }
         let port_limits: Vec<usize> = ports.iter().map(|p| p.mac_limit()).collect();
         let uplink_limits: Vec<usize> = uplinks.iter().map(|u| u.mac_limit()).collect();
+        let ports: Vec<PortSlot> = ports
+            .into_iter()
+            .enumerate()
+            .map(|(id, port)| PortSlot {
+                id,
+                role: PortRole::of(port.as_ref()),
+                port,
+            })
+            .collect();
+        let uplinks = uplinks
+            .into_iter()
+            .enumerate()
+            .map(|(id, uplink)| UplinkSlot { id, uplink })
+            .collect();
         let sw = Switch {
-            ports,
-            roles,
-            uplinks,
+            topo: ArcSwap::from_pointee(Topology::new(ports, uplinks)),
+            change: Mutex::new((port_limits.len(), uplink_limits.len())),
             fdb: Mutex::new(Fdb::new(aging, &port_limits, &uplink_limits)),
-            vlans: used.iter().collect(),
             rx_room: RxRoom::default(),
             programmed: Mutex::new(None),
         };
-        for (id, r) in sw.roles.iter().enumerate() {
-            if let Some(mac) = r.mac {
-                sw.pin_mac(mac, id);
-            }
+        let pins: Vec<(Mac, usize)> = sw
+            .topo
+            .load()
+            .ports
+            .iter()
+            .filter_map(|p| p.role.mac.map(|m| (m, p.id)))
+            .collect();
+        for (mac, id) in pins {
+            sw.pin_mac(mac, id);
         }
         sw
     }
@@ -178,101 +353,177 @@ impl Switch {
         &self.rx_room
     }
 
-    fn attach(&self, e: Endpoint) -> Attach<'_> {
-        match e {
-            Endpoint::Port(i) => match self.roles.get(i) {
-                Some(PortRole { trunk: Some(t), .. }) => Attach::TrunkPort(t),
-                Some(PortRole { vlan: Some(v), .. }) => Attach::Access(*v),
-                _ => Attach::Untagged,
-            },
-            Endpoint::Uplink(_) => Attach::Trunk,
+    /// Whether endpoint `e` is in the switch now.
+    pub fn has(&self, e: Endpoint) -> bool {
+        self.topo.load().has(e)
+    }
+
+    /// The ids of the ports and of the uplinks in the switch now.
+    pub fn members(&self) -> (Vec<usize>, Vec<usize>) {
+        let t = self.topo.load();
+        (
+            t.ports.iter().map(|p| p.id).collect(),
+            t.uplinks.iter().map(|u| u.id).collect(),
+        )
+    }
+
+    /// Adds port `id` (an id never used before in this switch). Other endpoints'
+    /// frames are not held up: they go on with the set they loaded, and the table lock
+    /// is taken for O(1) steps.
+    pub fn add_port(&self, id: usize, port: Arc<dyn SwitchPort>) -> Result<(), MemberError> {
+        let mut next = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.topo.load_full();
+        let e = Endpoint::Port(id);
+        if cur.has(e) {
+            return Err(MemberError::Taken(e));
         }
-    }
-
-    fn is_trunk_port(&self, e: Endpoint) -> bool {
-        match e {
-            Endpoint::Port(i) => self.roles.get(i).is_some_and(|r| r.trunk.is_some()),
-            Endpoint::Uplink(_) => false,
+        if id < next.0 {
+            return Err(MemberError::Reused(e));
         }
-    }
-
-    /// Whether `e` carries VLANs tagged: uplinks and trunk ports.
-    fn sees_tags(&self, e: Endpoint) -> bool {
-        matches!(e, Endpoint::Uplink(_)) || self.is_trunk_port(e)
-    }
-
-    /// Whether `e` takes part in `domain`: access ports of that VLAN, trunk ports that
-    /// allow it, untagged and trunk ports for the untagged domain; uplinks always.
-    fn in_domain(&self, e: Endpoint, domain: Domain) -> bool {
-        match e {
-            Endpoint::Port(i) => self.roles.get(i).is_some_and(|r| match (&r.trunk, domain) {
-                (Some(_), None) => true,
-                (Some(t), Some(v)) => t.contains(v.get()),
-                (None, d) => r.vlan == d,
-            }),
-            Endpoint::Uplink(i) => i < self.uplinks.len(),
+        if cur.ports.len() >= MAX_PORTS {
+            return Err(MemberError::TooManyPorts(MAX_PORTS));
         }
-    }
-
-    /// Whether a frame of `domain` (`foreign`: carrying a tag no port uses) may go to
-    /// `e`.
-    fn reaches(&self, e: Endpoint, domain: Domain, foreign: bool) -> bool {
-        self.in_domain(e, domain) && !(foreign && self.is_trunk_port(e))
-    }
-
-    fn counters(&self, e: Endpoint) -> Option<&Counters> {
-        match e {
-            Endpoint::Port(i) => self.ports.get(i).map(|p| p.stats()),
-            Endpoint::Uplink(i) => self.uplinks.get(i).map(|u| u.stats()),
+        next.0 = id + 1;
+        let role = PortRole::of(port.as_ref());
+        let mac = role.mac;
+        self.fdb
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(e, port.mac_limit());
+        let mut ports = cur.ports.clone();
+        ports.push(PortSlot { id, port, role });
+        self.topo
+            .store(Arc::new(Topology::new(ports, cur.uplinks.clone())));
+        if let Some(mac) = mac {
+            self.pin_mac(mac, id);
         }
+        Ok(())
+    }
+
+    /// Takes port `id` out: no frame is routed to or from it from now on, its learned
+    /// and pinned addresses go (O(its own)), frames held for it are let go by their
+    /// holders, and the uplinks are programmed for the guests that remain.
+    pub fn remove_port(&self, id: usize) -> Result<Arc<dyn SwitchPort>, MemberError> {
+        let _change = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.topo.load_full();
+        let e = Endpoint::Port(id);
+        let slot = cur.port(id).cloned().ok_or(MemberError::Missing(e))?;
+        let ports = cur.ports.iter().filter(|p| p.id != id).cloned().collect();
+        self.topo
+            .store(Arc::new(Topology::new(ports, cur.uplinks.clone())));
+        {
+            let mut fdb = self.fdb.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(mac) = slot.role.mac {
+                for d in slot.role.domains() {
+                    fdb.unpin(&(d, mac), e);
+                }
+            }
+            fdb.remove(e);
+        }
+        self.caps_changed();
+        // Holders of frames for it look again, and let them go.
+        self.rx_room.added();
+        Ok(slot.port)
+    }
+
+    /// Adds uplink `id` (an id never used before in this switch) and programs its
+    /// device with what the connected guests accept.
+    pub fn add_uplink(&self, id: usize, uplink: Arc<dyn SwitchUplink>) -> Result<(), MemberError> {
+        let mut next = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.topo.load_full();
+        let e = Endpoint::Uplink(id);
+        if cur.has(e) {
+            return Err(MemberError::Taken(e));
+        }
+        if id < next.1 {
+            return Err(MemberError::Reused(e));
+        }
+        if cur.uplinks.len() >= MAX_UPLINKS {
+            return Err(MemberError::TooManyUplinks(MAX_UPLINKS));
+        }
+        next.1 = id + 1;
+        let union = cur
+            .ports
+            .iter()
+            .filter_map(|p| p.port.rx_caps())
+            .fold(Caps::default(), Caps::or);
+        if let Err(err) = uplink.set_rx_offload(union) {
+            warn!(uplink = %uplink.name(), "cannot program uplink offloads: {err}");
+        }
+        self.fdb
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(e, uplink.mac_limit());
+        let mut uplinks = cur.uplinks.clone();
+        uplinks.push(UplinkSlot { id, uplink });
+        self.topo
+            .store(Arc::new(Topology::new(cur.ports.clone(), uplinks)));
+        Ok(())
+    }
+
+    /// Takes uplink `id` out; its learned addresses go (O(its own)).
+    pub fn remove_uplink(&self, id: usize) -> Result<Arc<dyn SwitchUplink>, MemberError> {
+        let _change = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.topo.load_full();
+        let e = Endpoint::Uplink(id);
+        let slot = cur.uplink(id).cloned().ok_or(MemberError::Missing(e))?;
+        let uplinks = cur.uplinks.iter().filter(|u| u.id != id).cloned().collect();
+        self.topo
+            .store(Arc::new(Topology::new(cur.ports.clone(), uplinks)));
+        self.fdb.lock().unwrap_or_else(|e| e.into_inner()).remove(e);
+        self.rx_room.added();
+        Ok(slot.uplink)
+    }
+
+    /// Addresses learned on `e` now.
+    pub fn learned_on(&self, e: Endpoint) -> usize {
+        self.fdb
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .learned_on(e)
     }
 
     /// Counts a drop on endpoint `e`.
     pub fn count_drop(&self, e: Endpoint, reason: DropReason) {
-        if let Some(c) = self.counters(e) {
+        if let Some(c) = self.topo.load().counters(e) {
             c.drop(reason);
         }
-    }
-
-    /// Where a frame of `domain` from `src` is flooded: every other connected port of
-    /// the domain and every other uplink.
-    fn flood_targets(
-        &self,
-        src: Endpoint,
-        domain: Domain,
-        foreign: bool,
-    ) -> impl Iterator<Item = Endpoint> + '_ {
-        let ports = (0..self.ports.len())
-            .filter(|&i| self.ports[i].is_connected())
-            .map(Endpoint::Port);
-        let uplinks = (0..self.uplinks.len()).map(Endpoint::Uplink);
-        ports
-            .chain(uplinks)
-            .filter(move |&e| e != src && self.reaches(e, domain, foreign))
     }
 
     /// Routes one frame from `src`: checks port security, classifies it into its
     /// VLAN, learns its source, looks up its destination and builds the tagged or
     /// untagged view the destinations need (`views` holds it). `None`: nowhere to go
-    /// (dropped and counted at the source, or a hairpin).
+    /// (dropped and counted at the source, a hairpin, or a source no longer in the
+    /// switch).
     pub fn route<'a>(
         &'a self,
         src: Endpoint,
         frame: &Frame<'a>,
         views: &'a mut ViewBuf<'a>,
     ) -> Option<Route<'a>> {
+        let topo = self.topo.load();
+        let t: &Topology = &topo;
+        if !t.has(src) {
+            return None;
+        }
+        let counters = t.counters(src);
+        let count = |reason| {
+            if let Some(c) = counters {
+                c.drop(reason);
+            }
+        };
         if let Endpoint::Port(i) = src {
-            if let Some(r) = self.roles.get(i) {
+            if let Some(r) = t.role(i) {
                 if r.mac_lock && r.mac != Some(frame.src) {
-                    self.count_drop(src, DropReason::MacSpoofed);
+                    count(DropReason::MacSpoofed);
                     return None;
                 }
             }
         }
-        let ingress = match classify(self.attach(src), frame.tag, &self.vlans) {
+        let ingress = match classify(t.attach(src), frame.tag, &t.vlans) {
             Ok(i) => i,
             Err(reason) => {
-                self.count_drop(src, reason);
+                count(reason);
                 return None;
             }
         };
@@ -291,11 +542,11 @@ impl Switch {
         };
         match learned {
             Learned::Refused(reason) => {
-                self.count_drop(src, reason);
+                count(reason);
                 return None;
             }
             Learned::Moved { .. } => {
-                if let Some(c) = self.counters(src) {
+                if let Some(c) = counters {
                     c.mac_moves.fetch_add(1, Relaxed);
                 }
             }
@@ -305,15 +556,15 @@ impl Switch {
         // see it untagged, trunk ports and uplinks tagged with its VLAN (everyone sees
         // an untagged-domain frame as it is).
         let (to_untagged, to_tagged) = match known {
-            Some(dst) if dst == src || !self.reaches(dst, domain, foreign) => return None,
-            Some(dst) => (!self.sees_tags(dst), self.sees_tags(dst)),
-            None => self
+            Some(dst) if dst == src || !t.reaches(dst, domain, foreign) => return None,
+            Some(dst) => (!t.sees_tags(dst), t.sees_tags(dst)),
+            None => t
                 .flood_targets(src, domain, foreign)
-                .fold((false, false), |(u, t), e| {
-                    if self.sees_tags(e) {
+                .fold((false, false), |(u, tg), e| {
+                    if t.sees_tags(e) {
                         (u, true)
                     } else {
-                        (true, t)
+                        (true, tg)
                     }
                 }),
         };
@@ -325,7 +576,7 @@ impl Switch {
         let retagged = match retagged.transpose() {
             Ok(r) => r,
             Err(reason) => {
-                self.count_drop(src, reason);
+                count(reason);
                 return None;
             }
         };
@@ -335,7 +586,7 @@ impl Switch {
             (Some(_), true) => (retagged, Some(*frame)),
         };
         Some(Route {
-            sw: self,
+            topo,
             src,
             known,
             domain,
@@ -355,14 +606,15 @@ impl Switch {
         ctx: &mut DeliverCtx,
         on_full: OnFull,
     ) -> Option<Outcome> {
+        let t: &Topology = &route.topo;
         match route.known {
             Some(dst) => route
                 .view(dst)
-                .and_then(|f| self.deliver_to(dst, queue, f, ctx, on_full, 0)),
+                .and_then(|f| Self::deliver_in(t, dst, queue, f, ctx, on_full, 0)),
             None => {
-                for e in self.flood_targets(route.src, route.domain, route.foreign) {
+                for e in t.flood_targets(route.src, route.domain, route.foreign) {
                     if let Some(f) = route.view(e) {
-                        self.deliver_to(e, queue, f, ctx, OnFull::Count, 0);
+                        Self::deliver_in(t, e, queue, f, ctx, OnFull::Count, 0);
                     }
                 }
                 None
@@ -380,7 +632,8 @@ impl Switch {
     }
 
     /// Delivers `frame` (the view for `dst`) to the one destination `dst`, skipping
-    /// the first `skip` frames an earlier attempt delivered.
+    /// the first `skip` frames an earlier attempt delivered. `None`: `dst` is not in
+    /// the switch (any more).
     pub fn deliver_to(
         &self,
         dst: Endpoint,
@@ -390,9 +643,21 @@ impl Switch {
         on_full: OnFull,
         skip: usize,
     ) -> Option<Outcome> {
+        Self::deliver_in(&self.topo.load(), dst, queue, frame, ctx, on_full, skip)
+    }
+
+    fn deliver_in(
+        t: &Topology,
+        dst: Endpoint,
+        queue: usize,
+        frame: &Frame,
+        ctx: &mut DeliverCtx,
+        on_full: OnFull,
+        skip: usize,
+    ) -> Option<Outcome> {
         match dst {
             Endpoint::Port(i) => {
-                let port = self.ports.get(i)?;
+                let port = &t.port(i)?.port;
                 if skip == 0 && !ctx.rx_admit(port.as_ref(), frame) {
                     return Some(Outcome {
                         path: deliver::Path::Dropped(DropReason::RateLimited),
@@ -419,7 +684,7 @@ impl Switch {
                 Some(out)
             }
             Endpoint::Uplink(i) => {
-                let up = self.uplinks.get(i)?;
+                let up = &t.uplink(i)?.uplink;
                 if skip == 0 && !ctx.rx_admit(up.as_ref(), frame) {
                     return Some(Outcome {
                         path: deliver::Path::Dropped(DropReason::RateLimited),
@@ -441,11 +706,10 @@ impl Switch {
     /// Sends frames for `mac` to port `id` from the start, in every domain the port
     /// takes part in; learning never moves it.
     pub fn pin_mac(&self, mac: Mac, id: usize) {
-        let Some(r) = self.roles.get(id) else { return };
-        let domains =
-            std::iter::once(r.vlan).chain(r.trunk.iter().flat_map(|t| t.iter().map(Some)));
+        let topo = self.topo.load();
+        let Some(r) = topo.role(id) else { return };
         let mut fdb = self.fdb.lock().unwrap_or_else(|e| e.into_inner());
-        for d in domains {
+        for d in r.domains() {
             fdb.pin((d, mac), Endpoint::Port(id));
         }
     }
@@ -463,10 +727,11 @@ impl Switch {
     /// Devices are programmed only when the union changes, so a guest resetting its
     /// device in a loop costs no ioctls.
     pub fn caps_changed(&self) {
-        let union = self
+        let topo = self.topo.load();
+        let union = topo
             .ports
             .iter()
-            .filter_map(|p| p.rx_caps())
+            .filter_map(|p| p.port.rx_caps())
             .fold(Caps::default(), Caps::or);
         {
             let mut last = self.programmed.lock().unwrap_or_else(|e| e.into_inner());
@@ -475,9 +740,9 @@ impl Switch {
             }
             *last = Some(union);
         }
-        for u in &self.uplinks {
-            if let Err(e) = u.set_rx_offload(union) {
-                warn!(uplink = %u.name(), "cannot program uplink offloads: {e}");
+        for u in &topo.uplinks {
+            if let Err(e) = u.uplink.set_rx_offload(union) {
+                warn!(uplink = %u.uplink.name(), "cannot program uplink offloads: {e}");
             }
         }
     }
@@ -499,6 +764,8 @@ mod vlan_forwarding {
 
     #[derive(Default)]
     struct Recorder {
+        /// Its RX queue is full: every frame is refused.
+        full: std::sync::atomic::AtomicBool,
         vlan: Option<Vid>,
         trunk: Option<VlanSet>,
         mac: Option<Mac>,
@@ -535,6 +802,9 @@ mod vlan_forwarding {
             }
         }
         fn send(&self, _: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
+            if self.full.load(Relaxed) {
+                return Err(DropReason::RxQueueFull);
+            }
             self.sent.lock().unwrap().push((*hdr, parts.concat()));
             Ok(())
         }
@@ -1050,5 +1320,175 @@ mod vlan_forwarding {
             .forward(Endpoint::Uplink(0), 0, &f, &mut DeliverCtx::default());
         assert!(net.ports[0].take().is_empty());
         assert_eq!(net.ports[0].stats.drops(DropReason::RateLimited), 1);
+    }
+
+    #[test]
+    fn ports_come_and_go_without_touching_the_others() {
+        let net = setup();
+        // P10A and P10B and something behind the uplink (VLAN 10) are learned.
+        plain(&net, Endpoint::Port(P10A), &frame(mac(2), mac(1), None));
+        plain(&net, Endpoint::Port(P10B), &frame(mac(1), mac(2), None));
+        plain(&net, Endpoint::Uplink(0), &frame(mac(1), mac(9), Some(10)));
+        attempts(&net);
+        net.up.take();
+        let before = net.sw.learned_on(Endpoint::Port(P10A));
+        assert_eq!(before, 1);
+
+        // A new port on VLAN 10 with a pinned address, id 4.
+        let newcomer = Arc::new(Recorder {
+            vlan: Vid::new(10),
+            mac: Some(mac(7)),
+            ..Recorder::default()
+        });
+        net.sw
+            .add_port(4, newcomer.clone() as Arc<dyn SwitchPort>)
+            .unwrap();
+        assert_eq!(
+            net.sw.add_port(4, newcomer.clone() as Arc<dyn SwitchPort>),
+            Err(MemberError::Taken(Endpoint::Port(4)))
+        );
+        // Its pinned address is known at once: unicast from P10A reaches it only.
+        plain(&net, Endpoint::Port(P10A), &frame(mac(7), mac(1), None));
+        assert_eq!(newcomer.take().len(), 1);
+        assert_eq!(attempts(&net), [0, 0, 0, 0]);
+        assert!(net.up.take().is_empty());
+        // It sends, and P10A (known) gets it; learning went on for the others.
+        plain(&net, Endpoint::Port(4), &frame(mac(1), mac(7), None));
+        assert_eq!(attempts(&net), [1, 0, 0, 0]);
+        assert_eq!(net.sw.learned_on(Endpoint::Port(P10A)), before);
+
+        // P10B goes: its address is forgotten, the others' are not.
+        net.sw.remove_port(P10B).unwrap();
+        assert_eq!(net.sw.learned_on(Endpoint::Port(P10B)), 0);
+        assert_eq!(net.sw.learned_on(Endpoint::Port(P10A)), before);
+        assert_eq!(net.sw.learned_on(Endpoint::Uplink(0)), 1);
+        assert!(!net.sw.has(Endpoint::Port(P10B)));
+        // A frame for its address is flooded in VLAN 10 now, never delivered to it.
+        plain(&net, Endpoint::Port(P10A), &frame(mac(2), mac(1), None));
+        assert_eq!(attempts(&net), [0, 0, 0, 0]);
+        assert_eq!(newcomer.take().len(), 1);
+        assert_eq!(net.up.take().len(), 1);
+        // What it still sends (a worker finishing its batch) goes nowhere and teaches
+        // the table nothing.
+        plain(
+            &net,
+            Endpoint::Port(P10B),
+            &frame(frames_bcast(), mac(2), None),
+        );
+        assert_eq!(attempts(&net), [0, 0, 0, 0]);
+        assert_eq!(newcomer.take().len(), 0);
+        assert_eq!(net.sw.learned_on(Endpoint::Port(P10B)), 0);
+        // Its id is never given again, nor an id below the highest given.
+        assert_eq!(
+            net.sw
+                .add_port(P10B, Arc::new(Recorder::default()) as Arc<dyn SwitchPort>),
+            Err(MemberError::Reused(Endpoint::Port(P10B)))
+        );
+        // The pinned address of a removed port is free for the next one.
+        net.sw.remove_port(4).unwrap();
+        assert_eq!(
+            net.sw.remove_port(4).err(),
+            Some(MemberError::Missing(Endpoint::Port(4)))
+        );
+        let heir = Arc::new(Recorder {
+            vlan: Vid::new(10),
+            ..Recorder::default()
+        });
+        net.sw
+            .add_port(5, heir.clone() as Arc<dyn SwitchPort>)
+            .unwrap();
+        plain(&net, Endpoint::Port(5), &frame(mac(1), mac(7), None));
+        assert_eq!(attempts(&net), [1, 0, 0, 0]);
+        assert_eq!(net.sw.learned_on(Endpoint::Port(5)), 1);
+        let (ports, uplinks) = net.sw.members();
+        assert_eq!(ports, vec![P10A, P20, UNTAGGED, 5]);
+        assert_eq!(uplinks, vec![0]);
+        // Counters of the others are their own, untouched by the changes.
+        assert_eq!(net.ports[P10A].stats.drops(DropReason::RxQueueFull), 0);
+    }
+
+    fn frames_bcast() -> Mac {
+        Mac([0xff; 6])
+    }
+
+    #[test]
+    fn uplinks_come_and_go_and_the_switch_is_bounded() {
+        let net = setup();
+        plain(&net, Endpoint::Uplink(0), &frame(mac(1), mac(9), None));
+        assert_eq!(net.sw.learned_on(Endpoint::Uplink(0)), 1);
+        let second = Arc::new(Recorder::default());
+        net.sw
+            .add_uplink(1, second.clone() as Arc<dyn SwitchUplink>)
+            .unwrap();
+        plain(
+            &net,
+            Endpoint::Port(UNTAGGED),
+            &frame(frames_bcast(), mac(3), None),
+        );
+        assert_eq!(net.up.take().len(), 1);
+        assert_eq!(second.take().len(), 1);
+        net.sw.remove_uplink(0).unwrap();
+        assert_eq!(net.sw.learned_on(Endpoint::Uplink(0)), 0);
+        // mac(9) was behind uplink 0: now a frame for it floods (to uplink 1 only).
+        plain(&net, Endpoint::Port(UNTAGGED), &frame(mac(9), mac(3), None));
+        assert!(net.up.take().is_empty());
+        assert_eq!(second.take().len(), 1);
+        assert_eq!(
+            net.sw
+                .add_uplink(0, net.up.clone() as Arc<dyn SwitchUplink>),
+            Err(MemberError::Reused(Endpoint::Uplink(0)))
+        );
+        for id in 2..=MAX_UPLINKS {
+            net.sw
+                .add_uplink(id, Arc::new(Recorder::default()) as Arc<dyn SwitchUplink>)
+                .unwrap();
+        }
+        assert_eq!(
+            net.sw.add_uplink(
+                MAX_UPLINKS + 1,
+                Arc::new(Recorder::default()) as Arc<dyn SwitchUplink>
+            ),
+            Err(MemberError::TooManyUplinks(MAX_UPLINKS))
+        );
+        for id in 4..MAX_PORTS {
+            net.sw
+                .add_port(id, Arc::new(Recorder::default()) as Arc<dyn SwitchPort>)
+                .unwrap();
+        }
+        assert_eq!(
+            net.sw.add_port(
+                MAX_PORTS,
+                Arc::new(Recorder::default()) as Arc<dyn SwitchPort>
+            ),
+            Err(MemberError::TooManyPorts(MAX_PORTS))
+        );
+    }
+
+    #[test]
+    fn frames_held_for_a_removed_port_are_let_go() {
+        use super::backpressure::{forward_holding, Held};
+        let net = setup();
+        // The guest on P10A is known, and its queue is full.
+        plain(&net, Endpoint::Port(P10A), &frame(mac(9), mac(1), None));
+        net.up.take();
+        net.ports[P10A].full.store(true, Relaxed);
+        let mut held = Held::default();
+        let mut ctx = DeliverCtx::default();
+        let bytes = frame(mac(1), mac(9), Some(10));
+        let parts = [&bytes[..]];
+        let f = Frame::new(VirtioNetHdr::default(), &parts, None).unwrap();
+        for _ in 0..3 {
+            forward_holding(&net.sw, Endpoint::Uplink(0), 0, &f, &mut ctx, &mut held);
+        }
+        assert!(!held.is_empty(), "frames for a full queue are held");
+        held.retry(&net.sw, &mut ctx);
+        assert!(!held.is_empty(), "still held while the port is there");
+        net.sw.remove_port(P10A).unwrap();
+        held.retry(&net.sw, &mut ctx);
+        assert!(
+            held.is_empty(),
+            "frames held for a removed port are released"
+        );
+        assert!(net.ports[P10A].take().is_empty());
     }
 }

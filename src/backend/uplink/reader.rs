@@ -3,8 +3,9 @@
 //! `backpressure`), and signal the guests written to once per batch.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread;
+use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use tracing::{debug, error, warn};
@@ -33,29 +34,47 @@ fn backoff(failures: u32) -> Duration {
     Duration::from_millis(1u64 << failures.min(10)).min(MAX_BACKOFF)
 }
 
-/// Starts one reader thread per device queue; `id` is the uplink's index in the switch.
+/// Starts one reader thread per device queue; `id` is the uplink's id in the switch.
+/// The readers end within `POLL_WAIT` once `stop` is set (the uplink is removed).
 pub fn start<D: UplinkDevice>(
     uplink: Arc<DeviceUplink<D>>,
     id: usize,
     switch: Arc<Switch>,
-) -> io::Result<()> {
+    stop: Arc<AtomicBool>,
+) -> io::Result<Vec<JoinHandle<()>>> {
+    let mut readers = Vec::new();
     for q in 0..uplink.dev.queues() {
         let me = uplink.clone();
         let sw = switch.clone();
-        thread::Builder::new()
+        let halt = stop.clone();
+        let spawned = thread::Builder::new()
             .name(format!("{}{q}-rx", uplink.dev.thread_prefix()))
-            .spawn(move || read_loop(&me, id, q, &sw))?;
+            .spawn(move || read_loop(&me, id, q, &sw, &halt));
+        match spawned {
+            Ok(h) => readers.push(h),
+            Err(e) => {
+                // The readers already running end with the uplink.
+                stop.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
     }
-    Ok(())
+    Ok(readers)
 }
 
-fn read_loop<D: UplinkDevice>(up: &DeviceUplink<D>, id: usize, queue: usize, switch: &Switch) {
+fn read_loop<D: UplinkDevice>(
+    up: &DeviceUplink<D>,
+    id: usize,
+    queue: usize,
+    switch: &Switch,
+    stop: &AtomicBool,
+) {
     let mut buf = vec![0u8; HDR_LEN + 65535 + 64];
     let mut ctx = DeliverCtx::default();
     let mut held = Held::default();
     let fd = up.dev.fd(queue);
     let mut failures: u32 = 0;
-    loop {
+    while !stop.load(Ordering::Relaxed) {
         if failures > 0 {
             thread::sleep(backoff(failures));
         }
