@@ -520,13 +520,7 @@ fn ufo4_to_plain_peer_is_fragmented() {
 }
 
 fn ctl(d: &Daemon, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(common::daemon::bin())
-        .arg("ctl")
-        .arg("--control")
-        .arg(&d.control)
-        .args(args)
-        .output()
-        .expect("gsonet ctl")
+    d.ctl(args)
 }
 
 #[test]

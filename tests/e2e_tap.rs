@@ -671,7 +671,31 @@ fn uplink_rx_rate_holds_a_guest_sending_to_it() {
         "16 frames done in {took:?}; at 20 Mbit/s they need {at_rate:?}"
     );
     let s = r.d.stats().unwrap();
-    assert!(port_counter(&s, 0, "tx_holds") > 0, "{s:#}");
+    let holds = port_counter(&s, 0, "tx_holds");
+    assert!(holds > 0, "{s:#}");
     assert_eq!(drops_total(&s["uplinks"][0]["stats"]), 0, "{s:#}");
     assert_eq!(drops_total(&s["ports"][0]["stats"]), 0, "{s:#}");
+
+    // Lifted at runtime: the same frames go without a hold.
+    let o =
+        r.d.ctl(&["uplink:0", "rx_rate=off", "rate=500", "burst=64"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let reply = String::from_utf8_lossy(&o.stdout);
+    assert!(reply.contains("\"rate_mbit\": 500"), "{reply}");
+    assert!(reply.contains("\"rx_rate_mbit\": null"), "{reply}");
+    std::thread::sleep(at_rate / 10); // the last frame's debt, on the old bucket
+    for i in 0..frames_n {
+        let seq = 0x3000_0000 + (i * data.len()) as u32;
+        let (hdr, frame) = frames::tcp(&flow, seq, &data, Some(MSS4));
+        r.fe.send(&hdr, &frame, TxLayout::Single).unwrap();
+    }
+    r.fe.wait_tx_done(T).unwrap();
+    let s = r.d.stats().unwrap();
+    assert_eq!(
+        port_counter(&s, 0, "tx_holds"),
+        holds,
+        "held after rx_rate=off\n{s:#}"
+    );
+    let o = r.d.ctl(&["uplink:0", "rx_burst=0"]);
+    assert!(!o.status.success(), "rx_burst=0 accepted");
 }

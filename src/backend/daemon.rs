@@ -472,11 +472,14 @@ fn apply_port_live(p: &Port, c: &PortConfig) {
     p.rx_coalesce.set(c.rx_coalesce_usecs, c.rx_coalesce_frames);
 }
 
-/// An uplink setting that changes without a new uplink: `gso` and `max_burst`.
+/// An uplink setting that changes without a new uplink: `gso`, `max_burst` and the
+/// rates.
 fn uplink_live_only(old: &UplinkConfig, new: &UplinkConfig) -> bool {
     let same_rest = UplinkConfig {
         gso: old.gso,
         max_burst: old.max_burst,
+        rate: old.rate,
+        rx_rate: old.rx_rate,
         ..new.clone()
     };
     &same_rest == old
@@ -811,6 +814,10 @@ impl Runtime {
             if let Some(e) = st.uplinks.iter_mut().find(|u| u.id == id) {
                 e.uplink.set_gso_mode(c.gso);
                 e.uplink.set_max_burst(c.max_burst);
+                if e.uplink.rates() != (c.rate, c.rx_rate) {
+                    e.uplink.set_rate(c.rate);
+                    e.uplink.set_rx_rate(c.rx_rate);
+                }
                 e.cfg = c;
                 report.changed.push(e.uplink.name());
             }

@@ -238,6 +238,17 @@ impl Daemon {
         Ok(port_counter(&self.stats()?, port, name))
     }
 
+    /// Runs `gsonet ctl ARGS` against this daemon.
+    pub fn ctl(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(bin())
+            .arg("ctl")
+            .arg("--control")
+            .arg(&self.control)
+            .args(args)
+            .output()
+            .expect("gsonet ctl")
+    }
+
     /// Sum of all drop reasons on port `port`.
     pub fn port_drops(&self, port: usize) -> Result<u64> {
         Ok(drops_total(&self.stats()?["ports"][port]["stats"]))

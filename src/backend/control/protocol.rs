@@ -65,6 +65,11 @@ pub enum Applied {
         uplink: String,
         gso: GsoMode,
         max_burst: Option<usize>,
+        /// `rate=` and `rx_rate=` now in force, in Mbit/s (none: unlimited).
+        #[serde(default)]
+        rate_mbit: Option<u64>,
+        #[serde(default)]
+        rx_rate_mbit: Option<u64>,
     },
     /// A port or uplink added: its id (as in `port:N`, never reused) and name.
     Added { added: String, id: usize },
@@ -152,6 +157,8 @@ mod tests {
                 uplink: "tap=x".into(),
                 gso: GsoMode::Software,
                 max_burst: None,
+                rate_mbit: Some(100),
+                rx_rate_mbit: None,
             },
         };
         let text = serde_json::to_string(&up).unwrap();

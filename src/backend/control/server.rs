@@ -108,6 +108,56 @@ fn bounded(k: &str, v: &str, max: u32) -> Result<u32, String> {
         .ok_or_else(|| format!("{k}={v}: expected a number from 0 to {max}"))
 }
 
+/// The `rate=`/`burst=` and `rx_rate=`/`rx_burst=` settings of one request, for a
+/// port or an uplink; checked whole before anything changes.
+struct RateEdit {
+    tx: (Option<u64>, Option<u64>, bool),
+    rx: (Option<u64>, Option<u64>, bool),
+}
+
+impl RateEdit {
+    fn new(tx: Option<RateLimit>, rx: Option<RateLimit>) -> RateEdit {
+        let now = |r: Option<RateLimit>| (r.map(|r| r.mbit), r.map(|r| r.burst_kb), false);
+        RateEdit {
+            tx: now(tx),
+            rx: now(rx),
+        }
+    }
+
+    /// Takes `k=v` if it is one of the four settings: true if it did.
+    fn take(&mut self, k: &str, v: &str) -> Result<bool, String> {
+        let (dir, is_rate) = match k {
+            "rate" => (&mut self.tx, true),
+            "burst" => (&mut self.tx, false),
+            "rx_rate" => (&mut self.rx, true),
+            "rx_burst" => (&mut self.rx, false),
+            _ => return Ok(false),
+        };
+        if is_rate {
+            dir.0 = parse_rate(v).map_err(|e| format!("{k}={v}: {e}"))?;
+        } else {
+            dir.1 = Some(
+                v.parse()
+                    .ok()
+                    .filter(|n| (1..=BURST_KB_MAX).contains(n))
+                    .ok_or_else(|| format!("{k}={v}: must be 1..{BURST_KB_MAX} (KiB)"))?,
+            );
+        }
+        dir.2 = true;
+        Ok(true)
+    }
+
+    /// The new `rate=` and `rx_rate=`; `None` for a direction the request left alone.
+    #[allow(clippy::type_complexity)]
+    fn finish(self) -> Result<(Option<Option<RateLimit>>, Option<Option<RateLimit>>), String> {
+        let one = |(rate, burst, set): (Option<u64>, Option<u64>, bool)| {
+            set.then(|| RateLimit::with_burst(rate, if rate.is_some() { burst } else { None }))
+                .transpose()
+        };
+        Ok((one(self.tx)?, one(self.rx)?))
+    }
+}
+
 /// The port `which` names: its id, its socket path or the path's file name.
 pub fn find_port<'a>(ports: &'a [Arc<Port>], which: &str) -> Option<&'a Arc<Port>> {
     ports.iter().find(|p| {
@@ -135,35 +185,9 @@ fn apply(reg: &Registry, target: &str, settings: &[(String, String)]) -> Result<
             let mut burst = p.max_burst();
             let (mut usecs, mut frames) = p.rx_coalesce.settings();
             let mut gro = None;
-            let mut rate = p.rate().map(|r| r.mbit);
-            let mut rate_burst = p.rate().map(|r| r.burst_kb);
-            let mut rate_set = false;
-            let mut rx_rate = p.rx_rate().map(|r| r.mbit);
-            let mut rx_burst = p.rx_rate().map(|r| r.burst_kb);
-            let mut rx_set = false;
-            let kib = |k: &str, v: &str| -> Result<u64, String> {
-                v.parse()
-                    .ok()
-                    .filter(|n| (1..=BURST_KB_MAX).contains(n))
-                    .ok_or_else(|| format!("{k}={v}: must be 1..{BURST_KB_MAX} (KiB)"))
-            };
+            let mut rates = RateEdit::new(p.rate(), p.rx_rate());
             for (k, v) in settings {
-                if k == "rx_rate" {
-                    rx_rate = parse_rate(v).map_err(|e| format!("rx_rate={v}: {e}"))?;
-                    rx_set = true;
-                } else if k == "rx_burst" {
-                    rx_burst = Some(kib(k, v)?);
-                    rx_set = true;
-                } else if k == "rate" {
-                    rate = parse_rate(v).map_err(|e| format!("rate={v}: {e}"))?;
-                    rate_set = true;
-                } else if k == "burst" {
-                    let kb = v.parse().ok().filter(|n| (1..=BURST_KB_MAX).contains(n));
-                    rate_burst =
-                        Some(kb.ok_or_else(|| {
-                            format!("burst={v}: must be 1..{BURST_KB_MAX} (KiB)")
-                        })?);
-                    rate_set = true;
+                if rates.take(k, v)? {
                 } else if k == "max_burst" {
                     burst = parse_max_burst(v).map_err(|e| format!("max_burst={v}: {e}"))?;
                 } else if k == "rx_coalesce_usecs" {
@@ -180,18 +204,7 @@ fn apply(reg: &Registry, target: &str, settings: &[(String, String)]) -> Result<
                 }
             }
             // Everything is checked before anything changes.
-            let rate = if rate_set {
-                let b = if rate.is_some() { rate_burst } else { None };
-                Some(RateLimit::with_burst(rate, b)?)
-            } else {
-                None
-            };
-            let rx_rate = if rx_set {
-                let b = if rx_rate.is_some() { rx_burst } else { None };
-                Some(RateLimit::with_burst(rx_rate, b)?)
-            } else {
-                None
-            };
+            let (rate, rx_rate) = rates.finish()?;
             p.set_mask(mask);
             p.set_max_burst(burst);
             p.rx_coalesce.set(usecs, frames);
@@ -219,20 +232,43 @@ fn apply(reg: &Registry, target: &str, settings: &[(String, String)]) -> Result<
             let (_, u) =
                 find_uplink(&r.uplinks, which).ok_or_else(|| format!("no uplink {which}"))?;
             let mut burst = crate::backend::switch::deliver::Destination::max_burst(u.as_ref());
+            let mut gso = None;
+            let (tx, rx) = u.rates();
+            let mut rates = RateEdit::new(tx, rx);
             for (k, v) in settings {
                 match k.as_str() {
-                    "gso" => u.set_gso_mode(v.parse()?),
+                    "gso" => gso = Some(v.parse()?),
                     "max_burst" => {
-                        burst = parse_max_burst(v).map_err(|e| format!("max_burst={v}: {e}"))?;
-                        u.set_max_burst(burst);
+                        burst = parse_max_burst(v).map_err(|e| format!("max_burst={v}: {e}"))?
                     }
-                    _ => return Err(format!("unknown uplink setting {k} (gso, max_burst)")),
+                    _ if rates.take(k, v)? => {}
+                    _ => {
+                        return Err(format!(
+                            "unknown uplink setting {k} (gso, max_burst, rate, burst, rx_rate, \
+                             rx_burst)"
+                        ))
+                    }
                 }
             }
+            // Everything is checked before anything changes.
+            let (rate, rx_rate) = rates.finish()?;
+            if let Some(g) = gso {
+                u.set_gso_mode(g);
+            }
+            u.set_max_burst(burst);
+            if let Some(r) = rate {
+                u.set_rate(r);
+            }
+            if let Some(r) = rx_rate {
+                u.set_rx_rate(r);
+            }
+            let (rate, rx_rate) = u.rates();
             Ok(Applied::Uplink {
                 uplink: u.name(),
                 gso: u.gso_mode(),
                 max_burst: burst,
+                rate_mbit: rate.map(|r| r.mbit),
+                rx_rate_mbit: rx_rate.map(|r| r.mbit),
             })
         }
         _ => Err(TARGETS.into()),

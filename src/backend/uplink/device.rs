@@ -13,7 +13,7 @@ use super::{Uplink, UplinkDevice};
 use crate::backend::ratelimit::ByteRate;
 use crate::backend::switch::deliver::Destination;
 use crate::backend::switch::SwitchUplink;
-use crate::config::{GsoMode, UplinkConfig};
+use crate::config::{GsoMode, RateLimit, UplinkConfig};
 use crate::features::Caps;
 use crate::stats::{Counters, DropReason};
 use crate::vnet_hdr::VirtioNetHdr;
@@ -23,10 +23,14 @@ pub struct DeviceUplink<D: UplinkDevice> {
     pub(super) dev: D,
     cfg: RwLock<UplinkConfig>,
     pub(super) stats: Counters,
-    /// `rate=`: what it may send into gsonet.
-    rate: Option<ByteRate>,
+    /// `rate=`: what it may send into gsonet (changed with `gsonet ctl`).
+    rate: RwLock<Option<ByteRate>>,
     /// `rx_rate=`: what gsonet may send into it.
-    rx_rate: Option<ByteRate>,
+    rx_rate: RwLock<Option<ByteRate>>,
+}
+
+fn bucket(r: Option<RateLimit>) -> Option<ByteRate> {
+    r.map(|r| ByteRate::new(r.mbit, r.burst_kb))
 }
 
 /// A tap device gsonet creates.
@@ -62,15 +66,16 @@ impl<D: UplinkDevice> DeviceUplink<D> {
             dev,
             cfg: RwLock::new(cfg.clone()),
             stats: Counters::default(),
-            rate: cfg.rate.map(|r| ByteRate::new(r.mbit, r.burst_kb)),
-            rx_rate: cfg.rx_rate.map(|r| ByteRate::new(r.mbit, r.burst_kb)),
+            rate: RwLock::new(bucket(cfg.rate)),
+            rx_rate: RwLock::new(bucket(cfg.rx_rate)),
         }
     }
 
     /// Whether a frame of `wire` bytes read from it may go on under its `rate=`
     /// (charged if so); over the limit it is dropped at the tail.
     pub(super) fn admit(&self, wire: usize) -> bool {
-        let Some(r) = &self.rate else { return true };
+        let rate = self.rate.read().unwrap_or_else(|e| e.into_inner());
+        let Some(r) = rate.as_ref() else { return true };
         let now = std::time::Instant::now();
         if r.wait_at(now).is_some() {
             return false;
@@ -101,13 +106,14 @@ impl<D: UplinkDevice> Destination for DeviceUplink<D> {
     }
 
     fn rx_wait(&self) -> Option<std::time::Duration> {
-        self.rx_rate
-            .as_ref()
+        let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
+        r.as_ref()
             .and_then(|r| r.wait_at(std::time::Instant::now()))
     }
 
     fn rx_charge(&self, wire: usize) {
-        if let Some(r) = &self.rx_rate {
+        let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = r.as_ref() {
             r.charge_at(wire as u64, std::time::Instant::now());
         }
     }
@@ -169,6 +175,21 @@ impl<D: UplinkDevice> Uplink for DeviceUplink<D> {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .max_burst = max;
+    }
+
+    fn rates(&self) -> (Option<RateLimit>, Option<RateLimit>) {
+        let c = self.cfg();
+        (c.rate, c.rx_rate)
+    }
+
+    fn set_rate(&self, r: Option<RateLimit>) {
+        self.cfg.write().unwrap_or_else(|e| e.into_inner()).rate = r;
+        *self.rate.write().unwrap_or_else(|e| e.into_inner()) = bucket(r);
+    }
+
+    fn set_rx_rate(&self, r: Option<RateLimit>) {
+        self.cfg.write().unwrap_or_else(|e| e.into_inner()).rx_rate = r;
+        *self.rx_rate.write().unwrap_or_else(|e| e.into_inner()) = bucket(r);
     }
 }
 

@@ -12,7 +12,7 @@ use std::io;
 use std::os::fd::BorrowedFd;
 
 use crate::backend::switch::SwitchUplink;
-use crate::config::GsoMode;
+use crate::config::{GsoMode, RateLimit};
 use crate::features::Caps;
 use crate::stats::Counters;
 
@@ -22,6 +22,12 @@ pub trait Uplink: SwitchUplink {
     fn gso_mode(&self) -> GsoMode;
     fn set_gso_mode(&self, mode: GsoMode);
     fn set_max_burst(&self, max: Option<usize>);
+    /// `rate=` (what it sends into gsonet) and `rx_rate=` (what gsonet sends into it).
+    fn rates(&self) -> (Option<RateLimit>, Option<RateLimit>);
+    /// A new `rate=` (a fresh bucket), at once.
+    fn set_rate(&self, r: Option<RateLimit>);
+    /// A new `rx_rate=` (a fresh bucket), at once.
+    fn set_rx_rate(&self, r: Option<RateLimit>);
 }
 
 /// What `DeviceUplink` needs from a device: per-queue fds that read and write one
