@@ -237,7 +237,7 @@ fn serve_port(port: Arc<Port>, switch: Arc<Switch>, listener: Option<UnixListene
                 probe,
                 back,
             } = Inner::open().map_err(|e| format!("relay socket: {e}"))?;
-            relay::spawn(front, back, port.clone()).map_err(|e| e.to_string())?;
+            relay::spawn(front, back, port.clone(), switch.clone()).map_err(|e| e.to_string())?;
             daemon.start(&mut listener).map_err(|e| e.to_string())?;
             Ok((daemon, probe))
         };
