@@ -14,6 +14,9 @@ const fn bit(b: u32) -> u64 {
 
 /// vhost-user's own bit 30 (VHOST_USER_F_PROTOCOL_FEATURES) rides on the feature word.
 pub const PROTOCOL_FEATURES: u64 = bit(30);
+/// VHOST_F_LOG_ALL: while acked, the backend marks every page it writes in the
+/// frontend's dirty log (live migration; the log comes with SET_LOG_BASE).
+pub const LOG_ALL: u64 = bit(26);
 
 pub const CSUM: u64 = bit(VIRTIO_NET_F_CSUM);
 pub const GUEST_CSUM: u64 = bit(VIRTIO_NET_F_GUEST_CSUM);
@@ -30,6 +33,9 @@ pub const HOST_UFO: u64 = bit(VIRTIO_NET_F_HOST_UFO);
 pub const MRG_RXBUF: u64 = bit(VIRTIO_NET_F_MRG_RXBUF);
 pub const STATUS: u64 = bit(VIRTIO_NET_F_STATUS);
 pub const MQ: u64 = bit(VIRTIO_NET_F_MQ);
+/// The guest announces itself (gratuitous ARP/NA) when the device asks it to, after a
+/// migration. QEMU's virtio-net does the asking and keeps the control queue it needs.
+pub const GUEST_ANNOUNCE: u64 = bit(VIRTIO_NET_F_GUEST_ANNOUNCE);
 pub const GUEST_USO4: u64 = bit(VIRTIO_NET_F_GUEST_USO4);
 pub const GUEST_USO6: u64 = bit(VIRTIO_NET_F_GUEST_USO6);
 pub const HOST_USO: u64 = bit(VIRTIO_NET_F_HOST_USO);
@@ -53,7 +59,9 @@ pub const ALL_OFFERED: u64 = VERSION_1
     | MAC
     | MTU
     | STATUS
-    | MQ;
+    | MQ
+    | GUEST_ANNOUNCE
+    | LOG_ALL;
 
 /// The operator's per-port switches. Each one removes bits from the offer; `offer`
 /// then removes whatever lost the bit it depends on.
@@ -288,6 +296,8 @@ pub struct Negotiated {
     pub indirect_desc: bool,
     /// VERSION_1 or MRG_RXBUF: the header on the rings is 12 bytes, else 10.
     pub modern: bool,
+    /// LOG_ALL: writes to guest memory are logged (a live migration is under way).
+    pub log_all: bool,
 }
 
 impl Negotiated {
@@ -299,6 +309,7 @@ impl Negotiated {
             event_idx: acked & EVENT_IDX != 0,
             indirect_desc: acked & INDIRECT_DESC != 0,
             modern: acked & (VERSION_1 | MRG_RXBUF) != 0,
+            log_all: acked & LOG_ALL != 0,
         }
     }
 
@@ -341,6 +352,8 @@ mod tests {
             MTU,
             STATUS,
             MQ,
+            GUEST_ANNOUNCE,
+            LOG_ALL,
             PROTOCOL_FEATURES,
         ] {
             assert_ne!(o & b, 0, "bit {:#x} missing", b);
@@ -435,5 +448,16 @@ mod tests {
         let n = Negotiated::from_acked(VERSION_1 | MRG_RXBUF | CSUM | HOST_USO);
         assert!(n.mrg_rxbuf && !n.event_idx);
         assert!(n.tx.uso4 && n.tx.uso6 && !n.rx.csum);
+        assert!(!n.log_all);
+        assert!(Negotiated::from_acked(VERSION_1 | LOG_ALL).log_all);
+    }
+
+    #[test]
+    fn migration_bits_stay_whatever_the_mask() {
+        let mut m = FeatureMask::default();
+        m.set("offloads", false);
+        m.set("mrg_rxbuf", false);
+        let o = offer(&m, 1);
+        assert_eq!(o & (LOG_ALL | GUEST_ANNOUNCE), LOG_ALL | GUEST_ANNOUNCE);
     }
 }

@@ -277,7 +277,7 @@ fn serve_port(
                 probe,
                 back,
             } = Inner::open().map_err(|e| format!("relay socket: {e}"))?;
-            relay::spawn(front, back, port.clone()).map_err(|e| e.to_string())?;
+            relay::spawn(front, back, port.clone(), switch.clone()).map_err(|e| e.to_string())?;
             daemon.start(&mut listener).map_err(|e| e.to_string())?;
             Ok((daemon, probe))
         };

@@ -12,7 +12,12 @@
 //!   SET_VRING_ENABLE table never holds more than one entry per queue;
 //! - memory checks name exactly one region per descriptor, none empty or wrapping, and
 //!   regions mapped through ADD_MEM_REG never exceed MAX_MEM_SLOTS;
-//! - a refused message changes nothing (the region count included).
+//! - a refused message changes nothing (the region count included);
+//! - migration: SET_LOG_BASE and SET_LOG_FD only with LOG_SHMFD, SEND_RARP only with
+//!   RARP; a log admitted is non-empty, at most MAX_LOG, page-aligned, does not wrap
+//!   and covers every region mapped since the last table (as the input itself
+//!   counts them); a RARP names a unicast, non-zero address; the relay answers
+//!   SEND_RARP and SET_LOG_FD itself (the crate never sees them).
 //!
 //! Input layout: 1 byte queue count (b % 32 + 1) | 8 bytes offered protocol features
 //! (LE) | messages: 1 byte request | 1 byte flags | 2 bytes payload size (LE, mod
@@ -20,8 +25,8 @@
 //! shorter than the header says" | the payload bytes (zero-padded at the end).
 
 use crate::backend::vhost::firewall::{
-    proto, req, FdCheck, Firewall, Header, Policy, Verdict, FLAG_REPLY, FLAG_VERSION, MAX_FDS,
-    MAX_MEM_SLOTS, MAX_PAYLOAD,
+    proto, req, FdCheck, Firewall, Header, Policy, Verdict, FLAG_REPLY, FLAG_VERSION, LOG_PAGE,
+    MAX_FDS, MAX_LOG, MAX_MEM_SLOTS, MAX_PAYLOAD,
 };
 
 /// One message of an input (for seed corpora).
@@ -67,8 +72,21 @@ fn needs(request: u32) -> Option<u64> {
         req::GET_MAX_MEM_SLOTS | req::ADD_MEM_REG | req::REM_MEM_REG => {
             Some(proto::CONFIGURE_MEM_SLOTS)
         }
+        req::SET_LOG_BASE | req::SET_LOG_FD => Some(proto::LOG_SHMFD),
+        req::SEND_RARP => Some(proto::RARP),
         _ => None,
     }
+}
+
+fn u64_at(p: &[u8], i: usize) -> u64 {
+    p.get(i..i + 8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+        .unwrap_or(u64::MAX)
+}
+
+/// Where the region at `b` ends in guest addresses.
+fn end_of(b: &[u8]) -> u64 {
+    u64_at(b, 0).saturating_add(u64_at(b, 8))
 }
 
 fn u32_at(p: &[u8], i: usize) -> u32 {
@@ -89,6 +107,8 @@ pub fn fuzz_one(data: &[u8]) {
     let mut fw = Firewall::new(policy);
     // ADD_MEM_REG minus REM_MEM_REG since the last memory table, as the spec counts them.
     let mut slots: usize = 0;
+    // The highest guest address mapped since the last memory table.
+    let mut mem_end: u64 = 0;
     let mut rest = &data[9..];
     while rest.len() >= 5 {
         let request = u32::from(rest[0]);
@@ -159,8 +179,31 @@ pub fn fuzz_one(data: &[u8]) {
                 assert!(u32_at(&payload, 0) & 0xff < policy.queues, "ring index");
                 assert!(fds <= 1);
             }
-            req::SET_MEM_TABLE => slots = fds,
-            req::ADD_MEM_REG => slots += 1,
+            req::SET_MEM_TABLE => {
+                slots = fds;
+                mem_end = (0..fds)
+                    .map(|k| end_of(&payload[8 + 32 * k..]))
+                    .max()
+                    .unwrap_or(0);
+            }
+            req::ADD_MEM_REG => {
+                slots += 1;
+                mem_end = mem_end.max(end_of(&payload[8..]));
+            }
+            req::SET_LOG_BASE => {
+                let (size, offset) = (u64_at(&payload, 0), u64_at(&payload, 8));
+                assert!(size > 0 && size <= MAX_LOG, "log of {size} bytes");
+                assert_eq!(offset % LOG_PAGE, 0, "log at {offset:#x}");
+                assert!(offset.checked_add(size).is_some());
+                // One bit per 4 KiB page: the last mapped page has its bit.
+                if mem_end > 0 {
+                    assert!(
+                        (mem_end - 1) / LOG_PAGE / 8 < size,
+                        "log of {size} bytes for memory to {mem_end:#x}"
+                    );
+                }
+                assert_eq!(fds, 1);
+            }
             req::REM_MEM_REG => slots = slots.saturating_sub(1),
             _ => {}
         }
@@ -180,6 +223,23 @@ pub fn fuzz_one(data: &[u8]) {
                 }
             }
             Verdict::Forward(FdCheck::Eventfd) => assert!(fds <= 1),
+            Verdict::Forward(FdCheck::Log(r)) => {
+                assert_eq!(request, req::SET_LOG_BASE);
+                assert_eq!(
+                    (r.size, r.offset),
+                    (u64_at(&payload, 0), u64_at(&payload, 8))
+                );
+            }
+            Verdict::Rarp(mac) => {
+                assert_eq!(request, req::SEND_RARP);
+                assert_eq!(&mac[..], &payload[..6]);
+                assert!(mac[0] & 1 == 0 && mac != [0; 6], "RARP for {mac:x?}");
+                assert_eq!(fds, 0);
+            }
+            Verdict::LogFd => {
+                assert_eq!(request, req::SET_LOG_FD);
+                assert_eq!(fds, 1);
+            }
             Verdict::Forward(FdCheck::None) => assert_eq!(fds, 0, "request {request}"),
             Verdict::Early => assert_eq!(request, req::SET_VRING_ENABLE),
         }
@@ -208,6 +268,19 @@ pub fn seeds() -> Vec<Vec<u8>> {
         payload: payload.to_vec(),
         fds,
     };
+    let log = |size: u64, offset: u64| [size.to_le_bytes(), offset.to_le_bytes()].concat();
+    let migration_offer = offer | proto::LOG_SHMFD | proto::RARP;
+    let migration = [
+        m(req::SET_PROTOCOL_FEATURES, &all, 0),
+        m(req::SET_MEM_TABLE, &table, 1),
+        m(req::SET_LOG_BASE, &log(32, 0), 1),
+        m(req::SET_LOG_BASE, &log(8, 0), 1),
+        m(req::SET_LOG_BASE, &log(4096, 100), 1),
+        m(req::SET_LOG_FD, &[], 1),
+        m(req::SEND_RARP, &[0x52, 0x54, 0, 1, 2, 3, 0, 0], 0),
+        m(req::SEND_RARP, &[0xff; 8], 0),
+        m(req::SET_FEATURES, &(1u64 << 26).to_le_bytes(), 0),
+    ];
     let qemu = [
         m(req::GET_FEATURES, &[], 0),
         m(req::GET_PROTOCOL_FEATURES, &[], 0),
@@ -241,6 +314,8 @@ pub fn seeds() -> Vec<Vec<u8>> {
         encode(32, u64::MAX, &flood),
         encode(1, offer, &hostile),
         encode(4, 0, &qemu),
+        encode(2, migration_offer, &migration),
+        encode(2, offer, &migration),
     ]
 }
 

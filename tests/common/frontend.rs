@@ -497,6 +497,8 @@ impl DriverQueue {
 /// The test frontend: one vhost-user connection, one RX and one TX queue.
 pub struct TestFrontend {
     vu: Frontend,
+    /// The same connection, for requests the `vhost` crate's frontend cannot send.
+    raw: UnixStream,
     mem: GuestMemoryMmap<()>,
     arena: Arena,
     queues: [DriverQueue; 2],
@@ -562,6 +564,7 @@ impl TestFrontend {
             "queue size must be a power of two"
         );
         ensure!(opts.mem_regions >= 1, "need at least one memory region");
+        let raw = stream.try_clone()?;
         let mut vu = Frontend::from_stream(stream, 2);
 
         // Same order as QEMU: features, protocol features, queue number, owner; then at
@@ -710,6 +713,7 @@ impl TestFrontend {
             raw_used: Vec::new(),
             tx_completions: Vec::new(),
             mem_end,
+            raw,
         })
     }
 
@@ -756,6 +760,19 @@ impl TestFrontend {
     }
     /// The underlying vhost-user connection, for messages not wrapped here
     /// (GET_VRING_BASE, GET_CONFIG, SET_VRING_ENABLE 0, ...).
+    /// Sends one request the `vhost` crate's frontend has no call for (SEND_RARP), on
+    /// the same connection, version 1 and no reply asked.
+    pub fn send_request(&mut self, request: u32, payload: &[u8]) -> Result<()> {
+        use std::io::Write;
+        let mut m = Vec::with_capacity(12 + payload.len());
+        m.extend_from_slice(&request.to_le_bytes());
+        m.extend_from_slice(&1u32.to_le_bytes());
+        m.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        m.extend_from_slice(payload);
+        self.raw.write_all(&m)?;
+        Ok(())
+    }
+
     pub fn vhost(&mut self) -> &mut Frontend {
         &mut self.vu
     }

@@ -36,9 +36,12 @@ pub struct PortBackend {
 }
 
 /// The protocol features offered (the vhost crate adds REPLY_ACK itself). The relay
-/// refuses every request these do not permit.
-pub const PROTOCOL_FEATURES: VhostUserProtocolFeatures =
-    VhostUserProtocolFeatures::MQ.union(VhostUserProtocolFeatures::REPLY_ACK);
+/// refuses every request these do not permit. LOG_SHMFD (SET_LOG_BASE) and RARP
+/// (SEND_RARP, answered by the relay) are what a live migration needs.
+pub const PROTOCOL_FEATURES: VhostUserProtocolFeatures = VhostUserProtocolFeatures::MQ
+    .union(VhostUserProtocolFeatures::REPLY_ACK)
+    .union(VhostUserProtocolFeatures::LOG_SHMFD)
+    .union(VhostUserProtocolFeatures::RARP);
 
 /// Listener id of the start-up event, past the queue and exit ids.
 fn hello_id(queue_pairs: usize) -> u64 {
@@ -138,7 +141,7 @@ impl PortBackend {
 }
 
 impl VhostUserBackend for PortBackend {
-    type Bitmap = ();
+    type Bitmap = crate::ring::guest_mem::DirtyLog;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
@@ -158,6 +161,11 @@ impl VhostUserBackend for PortBackend {
         // A guest can reset its device in a loop: the line is rate-limited per port.
         if let Some(quiet) = self.port.log.allow() {
             info!(port = %self.port.name(), acked = format_args!("{acked:#x}"), rx = ?neg.rx, tx = ?neg.tx, suppressed = quiet, "guest acked features");
+        }
+        if !neg.log_all {
+            // Logging off (never on, or a migration ended or was cancelled): the vhost
+            // crate keeps marking pages once a log was set, so the port stops it.
+            self.port.stop_logging();
         }
         self.port.set_negotiated(neg);
         self.switch.caps_changed();

@@ -22,6 +22,8 @@ pub mod req {
     pub const SET_OWNER: u32 = 3;
     pub const RESET_OWNER: u32 = 4;
     pub const SET_MEM_TABLE: u32 = 5;
+    pub const SET_LOG_BASE: u32 = 6;
+    pub const SET_LOG_FD: u32 = 7;
     pub const SET_VRING_NUM: u32 = 8;
     pub const SET_VRING_ADDR: u32 = 9;
     pub const SET_VRING_BASE: u32 = 10;
@@ -33,6 +35,7 @@ pub mod req {
     pub const SET_PROTOCOL_FEATURES: u32 = 16;
     pub const GET_QUEUE_NUM: u32 = 17;
     pub const SET_VRING_ENABLE: u32 = 18;
+    pub const SEND_RARP: u32 = 19;
     pub const GET_MAX_MEM_SLOTS: u32 = 36;
     pub const ADD_MEM_REG: u32 = 37;
     pub const REM_MEM_REG: u32 = 38;
@@ -41,6 +44,8 @@ pub mod req {
 /// Protocol feature bits the rules below depend on.
 pub mod proto {
     pub const MQ: u64 = 1 << 0;
+    pub const LOG_SHMFD: u64 = 1 << 1;
+    pub const RARP: u64 = 1 << 2;
     pub const REPLY_ACK: u64 = 1 << 3;
     pub const CONFIGURE_MEM_SLOTS: u64 = 1 << 15;
 }
@@ -57,6 +62,11 @@ const REGION: usize = 32;
 pub const MAX_PAYLOAD: usize = 8 + MAX_TABLE_REGIONS * REGION;
 /// Most descriptors one message may carry (one per table region).
 pub const MAX_FDS: usize = MAX_TABLE_REGIONS;
+/// The dirty log is one bit per 4 KiB page (VHOST_LOG_PAGE), so a byte covers 32 KiB.
+pub const LOG_PAGE: u64 = 0x1000;
+const LOG_BYTE_COVERS: u64 = LOG_PAGE * 8;
+/// The largest dirty log a frontend may hand over: 1 GiB covers 32 TiB of guest memory.
+pub const MAX_LOG: u64 = 1 << 30;
 /// SET_VRING_KICK/CALL/ERR: bits 0-7 the ring, bit 8 "no descriptor" (polling).
 const VRING_INDEX: u64 = 0xff;
 const VRING_NOFD: u64 = 0x100;
@@ -153,6 +163,8 @@ pub enum FdCheck {
     Eventfd,
     /// One file per region, in order, each reaching at least to its region's end.
     Memory(Vec<Region>),
+    /// The dirty log's file (SET_LOG_BASE), reaching at least to the log's end.
+    Log(Region),
 }
 
 /// What the relay does with an admitted message.
@@ -164,6 +176,13 @@ pub enum Verdict {
     /// protocol error: the relay answers it (if asked) and replays the last state of
     /// each ring after SET_FEATURES (`early`).
     Early,
+    /// SEND_RARP (the vhost crate does not know it): the relay announces the guest of
+    /// this MAC address from the port and answers the request itself.
+    Rarp([u8; 6]),
+    /// SET_LOG_FD (the vhost crate does not know it): an eventfd the frontend could
+    /// be told of log writes through; gsonet does not need it, so the relay checks it,
+    /// closes it and answers the request itself.
+    LogFd,
 }
 
 #[derive(Clone, Copy)]
@@ -211,6 +230,11 @@ fn rule(request: u32) -> Option<Rule> {
         req::SET_VRING_ADDR => r(E(40), F::None, 0),
         req::SET_VRING_KICK | req::SET_VRING_CALL | req::SET_VRING_ERR => r(E(8), F::Vring, 0),
         req::GET_MAX_MEM_SLOTS => r(E(0), F::None, proto::CONFIGURE_MEM_SLOTS),
+        // struct vhost_user_log: mmap size, mmap offset; the log's file.
+        req::SET_LOG_BASE => r(E(16), F::One, proto::LOG_SHMFD),
+        req::SET_LOG_FD => r(E(0), F::One, proto::LOG_SHMFD),
+        // The guest's MAC in the first 6 bytes of a u64.
+        req::SEND_RARP => r(E(8), F::None, proto::RARP),
         // Padding, then one region.
         req::ADD_MEM_REG => r(E(8 + REGION), F::One, proto::CONFIGURE_MEM_SLOTS),
         req::REM_MEM_REG => r(E(8 + REGION), F::None, proto::CONFIGURE_MEM_SLOTS),
@@ -241,6 +265,9 @@ pub struct Firewall {
     early: Vec<Option<u32>>,
     /// Regions mapped now (SET_MEM_TABLE sets the count, ADD/REM_MEM_REG move it).
     regions: usize,
+    /// The highest guest address end of any region mapped since the last table: a
+    /// dirty log must cover it.
+    mem_end: u64,
 }
 
 impl Firewall {
@@ -251,7 +278,13 @@ impl Firewall {
             features_set: false,
             early: vec![None; policy.queues as usize],
             regions: 0,
+            mem_end: 0,
         }
+    }
+
+    /// The bytes a dirty log needs to cover every region mapped so far.
+    pub fn log_bytes_needed(&self) -> u64 {
+        self.mem_end.div_ceil(LOG_BYTE_COVERS)
     }
 
     /// The protocol features in force: what the frontend acked of what was offered.
@@ -346,8 +379,14 @@ impl Firewall {
             Fds::PerRegion => 0,
         };
         let mut verdict_early = false;
+        let mut verdict = None;
         // A refused message changes nothing: the state it may touch is put back.
-        let saved = (self.acked_protocol, self.features_set, self.regions);
+        let saved = (
+            self.acked_protocol,
+            self.features_set,
+            self.regions,
+            self.mem_end,
+        );
         let early_before = self.early.clone();
         match h.request {
             req::SET_FEATURES => self.features_set = true,
@@ -397,6 +436,10 @@ impl Firewall {
                     .collect::<Result<Vec<_>, _>>()?;
                 expect_fds = n;
                 self.regions = n;
+                self.mem_end = (0..n)
+                    .map(|k| region_end(&payload[8 + k * REGION..]))
+                    .max()
+                    .unwrap_or(0);
                 check = FdCheck::Memory(regions);
             }
             req::ADD_MEM_REG => {
@@ -407,13 +450,36 @@ impl Firewall {
                 }
                 let r = region(&payload[8..])?;
                 self.regions += 1;
+                self.mem_end = self.mem_end.max(region_end(&payload[8..]));
                 check = FdCheck::Memory(vec![r]);
             }
             req::REM_MEM_REG => self.regions = self.regions.saturating_sub(1),
+            req::SET_LOG_BASE => check = FdCheck::Log(self.log(payload)?),
+            req::SET_LOG_FD => {
+                check = FdCheck::Eventfd;
+                verdict = Some(Verdict::LogFd);
+            }
+            req::SEND_RARP => {
+                let mut mac = [0u8; 6];
+                mac.copy_from_slice(&payload[..6]);
+                // The guest's own address: unicast, not zero.
+                if mac[0] & 1 != 0 || mac == [0; 6] {
+                    return Err(bad_payload(format!(
+                        "SEND_RARP for {}, not a unicast address",
+                        crate::l2::Mac(mac)
+                    )));
+                }
+                verdict = Some(Verdict::Rarp(mac));
+            }
             _ => {}
         }
         if fds != expect_fds {
-            (self.acked_protocol, self.features_set, self.regions) = saved;
+            (
+                self.acked_protocol,
+                self.features_set,
+                self.regions,
+                self.mem_end,
+            ) = saved;
             self.early = early_before;
             return Err(bad_fds(format!(
                 "request {} with {fds} descriptors; it takes {expect_fds}",
@@ -422,10 +488,36 @@ impl Firewall {
         }
         Ok(if verdict_early {
             Verdict::Early
+        } else if let Some(v) = verdict {
+            v
         } else {
             Verdict::Forward(check)
         })
     }
+
+    /// SET_LOG_BASE's struct vhost_user_log: a log of some bytes, no more than
+    /// MAX_LOG, at a page-aligned offset (it is mapped), covering every region mapped.
+    fn log(&self, payload: &[u8]) -> Result<Region, Refusal> {
+        let (size, offset) = (u64_at(payload, 0), u64_at(payload, 8));
+        let need = self.log_bytes_needed();
+        if size == 0
+            || size > MAX_LOG
+            || !offset.is_multiple_of(LOG_PAGE)
+            || offset.checked_add(size).is_none()
+            || size < need
+        {
+            return Err(bad_payload(format!(
+                "a dirty log of {size} bytes at offset {offset:#x} (needs {need} to {MAX_LOG} \
+                 bytes at a page-aligned offset)"
+            )));
+        }
+        Ok(Region { offset, size })
+    }
+}
+
+/// Where one struct vhost_user_memory_region ends in guest addresses.
+fn region_end(b: &[u8]) -> u64 {
+    u64_at(b, 0).saturating_add(u64_at(b, 8))
 }
 
 /// One struct vhost_user_memory_region: no empty region, no address that wraps.

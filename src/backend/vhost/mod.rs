@@ -2,6 +2,7 @@
 //! control-plane firewall it applies, the port's shared state and RX writer, the
 //! `VhostUserBackend` shell and the TX loop.
 
+pub mod announce;
 pub mod backend;
 pub mod coalesce;
 pub mod firewall;

@@ -216,6 +216,20 @@ impl Port {
         *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
     }
 
+    /// Stops dirty-page logging in the guest memory as mapped now (features acked
+    /// without LOG_ALL). A later SET_LOG_BASE turns it on again.
+    pub fn stop_logging(&self) {
+        if let Some(mem) = self.memory() {
+            crate::ring::guest_mem::stop_logging(&mem);
+        }
+    }
+
+    /// Whether writes to the guest's memory are logged now.
+    pub fn logging(&self) -> bool {
+        self.memory()
+            .is_some_and(|m| crate::ring::guest_mem::logging(&m))
+    }
+
     /// The guest memory as mapped now, if the frontend sent a table.
     pub fn memory(&self) -> Option<<Mem as GuestAddressSpace>::T> {
         self.mem

@@ -12,6 +12,10 @@
 //! SET_FEATURES, and does not repeat it when the device starts; the vhost crate treats
 //! an early one as a fatal protocol error. The relay answers early requests itself,
 //! keeps the last state asked for each ring, and replays it right after SET_FEATURES.
+//!
+//! Live migration: SET_LOG_BASE goes on to the crate (which maps the log) once its
+//! file is checked like a memory file; SEND_RARP and SET_LOG_FD, which the crate does
+//! not know, are answered here (`announce` sends the RARP).
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -21,12 +25,15 @@ use std::thread;
 
 use tracing::{debug, trace, warn};
 
+use super::announce;
 use super::backend::PROTOCOL_FEATURES;
 use super::firewall::{
-    req, FdCheck, Firewall, Header, Policy, Refusal, Verdict, FLAG_REPLY, FLAG_VERSION, HDR,
-    MAX_FDS,
+    req, FdCheck, Firewall, Header, Policy, Refusal, Region, Verdict, FLAG_REPLY, FLAG_VERSION,
+    HDR, MAX_FDS,
 };
 use super::port::Port;
+use crate::backend::switch::Switch;
+use crate::l2::Mac;
 use crate::stats::DropReason;
 use crate::sys::{fd, scm};
 
@@ -133,42 +140,57 @@ fn check_fds(check: &FdCheck, fds: &[OwnedFd], allow_unsealed: bool) -> Result<(
                 fd::set_nonblocking(f.as_fd()).map_err(|e| cannot_tell(not, e))?;
             }
         }
+        FdCheck::Log(r) => {
+            let Some(f) = fds.first() else {
+                return Err(Refusal::new(
+                    DropReason::FrontendBadFds,
+                    "a log without its file",
+                ));
+            };
+            check_file("the dirty log", r, f, allow_unsealed)?;
+        }
         FdCheck::Memory(regions) => {
             for (i, (r, f)) in regions.iter().zip(fds).enumerate() {
-                let bad = DropReason::FrontendBadMemory;
-                let st = fd::stat(f.as_fd()).map_err(|e| cannot_tell(bad, e))?;
-                if !st.regular {
-                    return Err(Refusal::new(
-                        bad,
-                        format!("memory region {i} is not in a regular file"),
-                    ));
-                }
-                if r.end() > st.size {
-                    return Err(Refusal::new(
-                        bad,
-                        format!(
-                            "memory region {i} ends at byte {} of a {}-byte file",
-                            r.end(),
-                            st.size
-                        ),
-                    ));
-                }
-                let unsealed = DropReason::FrontendUnsealedMemory;
-                let seals = fd::seals(f.as_fd()).map_err(|e| cannot_tell(unsealed, e))?;
-                if !allow_unsealed && !seals.no_shrink() {
-                    return Err(Refusal::new(
-                        unsealed,
-                        format!(
-                            "memory region {i} is in a file not sealed against shrinking \
-                             (seals {:#x}): use QEMU's memory-backend-memfd (it seals by \
-                             default), or set allow_unsealed_memory=on on this port to trust \
-                             the frontend never to truncate it",
-                            seals.bits()
-                        ),
-                    ));
-                }
+                check_file(&format!("memory region {i}"), r, f, allow_unsealed)?;
             }
         }
+    }
+    Ok(())
+}
+
+/// A memory or log file: regular, reaching to the end of what is mapped of it, and
+/// sealed against shrinking (a file that shrinks under a mapping raises SIGBUS in
+/// whichever thread touches it) unless the port allows otherwise.
+fn check_file(what: &str, r: &Region, f: &OwnedFd, allow_unsealed: bool) -> Result<(), Refusal> {
+    let cannot_tell =
+        |reason, e: io::Error| Refusal::new(reason, format!("cannot inspect a descriptor: {e}"));
+    let bad = DropReason::FrontendBadMemory;
+    let st = fd::stat(f.as_fd()).map_err(|e| cannot_tell(bad, e))?;
+    if !st.regular {
+        return Err(Refusal::new(
+            bad,
+            format!("{what} is not in a regular file"),
+        ));
+    }
+    if r.end() > st.size {
+        return Err(Refusal::new(
+            bad,
+            format!("{what} ends at byte {} of a {}-byte file", r.end(), st.size),
+        ));
+    }
+    let unsealed = DropReason::FrontendUnsealedMemory;
+    let seals = fd::seals(f.as_fd()).map_err(|e| cannot_tell(unsealed, e))?;
+    if !allow_unsealed && !seals.no_shrink() {
+        return Err(Refusal::new(
+            unsealed,
+            format!(
+                "{what} is in a file not sealed against shrinking \
+                 (seals {:#x}): use QEMU's memory-backend-memfd (it seals by \
+                 default), or set allow_unsealed_memory=on on this port to trust \
+                 the frontend never to truncate it",
+                seals.bits()
+            ),
+        ));
     }
     Ok(())
 }
@@ -187,6 +209,7 @@ fn inbound(
     back: &UnixStream,
     front_w: &Mutex<UnixStream>,
     port: &Port,
+    switch: &Switch,
     fw: &mut Firewall,
 ) -> End {
     let name = port.name();
@@ -213,11 +236,26 @@ fn inbound(
             Ok(Verdict::Forward(check)) => check,
             Ok(Verdict::Early) => {
                 debug!(port = %name, "answering SET_VRING_ENABLE sent before SET_FEATURES");
-                if hdr.need_reply() && fw.reply_ack() {
-                    let w = front_w.lock().unwrap_or_else(|e| e.into_inner());
-                    if send(&w, &ack(&hdr)).is_err() {
-                        return End::Closed;
-                    }
+                if !answer(front_w, &hdr, fw) {
+                    return End::Closed;
+                }
+                continue;
+            }
+            Ok(Verdict::Rarp(mac)) => {
+                announce::announce(port, switch, Mac(mac));
+                if !answer(front_w, &hdr, fw) {
+                    return End::Closed;
+                }
+                continue;
+            }
+            Ok(Verdict::LogFd) => {
+                // Checked, then closed: gsonet does not signal log writes.
+                if let Err(r) = check_fds(&FdCheck::Eventfd, &fds, false) {
+                    return End::Refused(Some(hdr), r);
+                }
+                drop(fds);
+                if !answer(front_w, &hdr, fw) {
+                    return End::Closed;
                 }
                 continue;
             }
@@ -239,10 +277,25 @@ fn inbound(
     }
 }
 
+/// Acknowledges a request the relay handled itself, if the frontend asked for a reply
+/// and negotiated REPLY_ACK; false if the frontend's socket failed.
+fn answer(front_w: &Mutex<UnixStream>, hdr: &Header, fw: &Firewall) -> bool {
+    if !(hdr.need_reply() && fw.reply_ack()) {
+        return true;
+    }
+    let w = front_w.lock().unwrap_or_else(|e| e.into_inner());
+    send(&w, &ack(hdr)).is_ok()
+}
+
 /// Relays between `front` (the frontend) and `back` (the vhost crate's handler) for
 /// `port` until either side closes or the firewall refuses a request; returns at once,
 /// the work happens in two threads.
-pub fn spawn(front: UnixStream, back: UnixStream, port: Arc<Port>) -> io::Result<()> {
+pub fn spawn(
+    front: UnixStream,
+    back: UnixStream,
+    port: Arc<Port>,
+    switch: Arc<Switch>,
+) -> io::Result<()> {
     let front_w = Arc::new(Mutex::new(front.try_clone()?));
     let (mut front_r, back_w) = (front, back.try_clone()?);
     let mut back_r = back;
@@ -254,7 +307,9 @@ pub fn spawn(front: UnixStream, back: UnixStream, port: Arc<Port>) -> io::Result
     let p = port.clone();
     thread::Builder::new().name("vu-relay-in".into()).spawn(move || {
         let mut fw = Firewall::new(policy);
-        if let End::Refused(hdr, r) = inbound(&mut front_r, &back_w, &fw_lock, &p, &mut fw) {
+        if let End::Refused(hdr, r) =
+            inbound(&mut front_r, &back_w, &fw_lock, &p, &switch, &mut fw)
+        {
             p.stats.drop(r.reason);
             // A frontend can reconnect in a loop: the line is rate-limited per port.
             if let Some(quiet) = p.log.allow() {
@@ -299,7 +354,9 @@ mod tests {
     fn relay(port: Arc<Port>) -> (UnixStream, UnixStream) {
         let (qemu, front) = UnixStream::pair().unwrap();
         let (back, handler) = UnixStream::pair().unwrap();
-        spawn(front, back, port).unwrap();
+        let ports: Vec<Arc<dyn crate::backend::switch::SwitchPort>> = vec![port.clone()];
+        let switch = Arc::new(Switch::new(ports, vec![], Duration::from_secs(300)));
+        spawn(front, back, port, switch).unwrap();
         qemu.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         handler
             .set_read_timeout(Some(Duration::from_secs(5)))
@@ -454,12 +511,17 @@ mod tests {
     /// Sends `m` on a fresh relay; the relay must close the connection, forward nothing
     /// and count `reason`.
     fn refused(opts: &str, m: Msg, reason: DropReason) {
+        refused_acking(opts, 1 | REPLY_ACK, m, reason)
+    }
+
+    /// `refused`, with protocol features `acked` acked first.
+    fn refused_acking(opts: &str, acked: u64, m: Msg, reason: DropReason) {
         let p = port(opts);
         let (mut qemu, mut handler) = relay(p.clone());
         let r = msg(
             req::SET_PROTOCOL_FEATURES,
             FLAG_VERSION,
-            &3u64.to_le_bytes(),
+            &acked.to_le_bytes(),
             vec![],
         );
         send(&qemu, &r).unwrap();
@@ -582,5 +644,113 @@ mod tests {
                 "{opts}"
             );
         }
+    }
+
+    const LOG_SHMFD: u64 = 1 << 1;
+    const RARP: u64 = 1 << 2;
+
+    fn log(size: u64, offset: u64) -> Vec<u8> {
+        [size.to_le_bytes(), offset.to_le_bytes()].concat()
+    }
+
+    #[test]
+    fn migration_requests_need_their_features_and_a_fitting_log() {
+        use DropReason::*;
+        let base =
+            |size, offset, f| msg(req::SET_LOG_BASE, FLAG_VERSION, &log(size, offset), vec![f]);
+        // Logging without LOG_SHMFD negotiated, a RARP without RARP: refused.
+        refused("", base(4096, 0, memfd(4096, true)), FrontendRequestRefused);
+        let rarp = |mac: [u8; 8]| msg(req::SEND_RARP, FLAG_VERSION, &mac, vec![]);
+        refused("", rarp([2, 0, 0, 0, 0, 1, 0, 0]), FrontendRequestRefused);
+        let both = 1 | REPLY_ACK | LOG_SHMFD | RARP;
+        refused_acking("", both, rarp([1, 0, 0, 0, 0, 1, 0, 0]), FrontendBadPayload);
+        refused_acking("", both, rarp([0; 8]), FrontendBadPayload);
+        // A log beyond its file, unaligned, empty, unsealed, or not a file.
+        refused_acking(
+            "",
+            both,
+            base(8192, 0, memfd(4096, true)),
+            FrontendBadMemory,
+        );
+        refused_acking(
+            "",
+            both,
+            base(4096, 4096, memfd(4096, true)),
+            FrontendBadMemory,
+        );
+        refused_acking(
+            "",
+            both,
+            base(4096, 100, memfd(8192, true)),
+            FrontendBadPayload,
+        );
+        refused_acking("", both, base(0, 0, memfd(4096, true)), FrontendBadPayload);
+        refused_acking(
+            "",
+            both,
+            base(4096, 0, memfd(4096, false)),
+            FrontendUnsealedMemory,
+        );
+        let (a, _b) = UnixStream::pair().unwrap();
+        refused_acking("", both, base(4096, 0, a.into()), FrontendBadMemory);
+        let no_fd = msg(req::SET_LOG_BASE, FLAG_VERSION, &log(4096, 0), vec![]);
+        refused_acking("", both, no_fd, FrontendBadFds);
+        let (a, _b) = UnixStream::pair().unwrap();
+        let not_eventfd = msg(req::SET_LOG_FD, FLAG_VERSION, &[], vec![a.into()]);
+        refused_acking("", both, not_eventfd, FrontendNotEventfd);
+    }
+
+    #[test]
+    fn a_fitting_log_goes_on_and_rarp_and_log_fd_are_answered_here() {
+        let p = port("");
+        let (mut qemu, mut handler) = relay(p.clone());
+        let acked = REPLY_ACK | LOG_SHMFD | RARP;
+        send(
+            &qemu,
+            &msg(
+                req::SET_PROTOCOL_FEATURES,
+                FLAG_VERSION,
+                &acked.to_le_bytes(),
+                vec![],
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            recv_reply(&mut handler).unwrap().unwrap().payload,
+            acked.to_le_bytes()
+        );
+        // Answered by the relay (REPLY_ACK), never shown to the crate, which does not
+        // know them.
+        let need = FLAG_VERSION | 0x8;
+        send(
+            &qemu,
+            &msg(req::SEND_RARP, need, &[2, 0, 0, 0, 0, 7, 0, 0], vec![]),
+        )
+        .unwrap();
+        let got = recv_reply(&mut qemu).unwrap().unwrap();
+        assert_eq!((got.hdr.request, got.payload), (req::SEND_RARP, vec![0; 8]));
+        send(&qemu, &msg(req::SET_LOG_FD, need, &[], vec![eventfd()])).unwrap();
+        let got = recv_reply(&mut qemu).unwrap().unwrap();
+        assert_eq!(
+            (got.hdr.request, got.payload),
+            (req::SET_LOG_FD, vec![0; 8])
+        );
+        // A log covering the (empty) memory, in a sealed file: passed on with its file.
+        send(
+            &qemu,
+            &msg(
+                req::SET_LOG_BASE,
+                FLAG_VERSION,
+                &log(4096, 4096),
+                vec![memfd(8192, true)],
+            ),
+        )
+        .unwrap();
+        let got = recv_reply(&mut handler).unwrap().unwrap();
+        assert_eq!(
+            (got.hdr.request, got.payload, got.fds.len()),
+            (req::SET_LOG_BASE, log(4096, 4096), 1)
+        );
+        assert_eq!(p.stats.snapshot().drops.len(), 0);
     }
 }
