@@ -16,6 +16,7 @@ use vhost_user_backend::VhostUserDaemon;
 use vm_memory::GuestMemoryAtomic;
 
 use super::control;
+use super::lifecycle::{self, Activated, Stop};
 use super::metrics;
 use super::ratelimit::LogLimit;
 use super::socket::{bind_exclusive, Access, BindError, PrivateDir};
@@ -58,6 +59,8 @@ pub enum DaemonError {
     Thread(io::Error),
     #[error("cannot create a port's timers: {0}")]
     Timer(io::Error),
+    #[error("sockets passed by the service manager (LISTEN_FDS): {0}")]
+    Activation(io::Error),
 }
 
 /// The gid a socket's `group` names; an unknown name is a configuration error.
@@ -113,9 +116,14 @@ fn listen_control(path: &Path, access: Access) -> Result<UnixListener, DaemonErr
     })
 }
 
+/// First and longest wait between two connection attempts of a client-mode port.
+const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
+
 /// Waits for the next frontend: accepted on our socket, or (client mode) connected
-/// to QEMU's, retrying while it is not there.
+/// to QEMU's, retrying while it is not there: at once after a frontend left (QEMU
+/// listens again within milliseconds), then backing off to once a second.
 fn next_frontend(port: &Port, listener: Option<&UnixListener>) -> UnixStream {
+    let mut wait = CONNECT_BACKOFF.0;
     loop {
         let r = match listener {
             Some(l) => l.accept().map(|(s, _)| s),
@@ -126,12 +134,11 @@ fn next_frontend(port: &Port, listener: Option<&UnixListener>) -> UnixStream {
             Err(e) => {
                 if listener.is_some() {
                     warn!(port = %port.name(), "accept failed: {e}");
-                }
-                thread::sleep(Duration::from_millis(if listener.is_some() {
-                    100
+                    thread::sleep(Duration::from_millis(100));
                 } else {
-                    500
-                }));
+                    thread::sleep(wait);
+                    wait = (wait * 2).min(CONNECT_BACKOFF.1);
+                }
             }
         }
     }
@@ -191,13 +198,22 @@ impl Inner {
 }
 
 /// Serves one port forever: one frontend at a time; after it goes away, the next.
-fn serve_port(port: Arc<Port>, switch: Arc<Switch>, listener: Option<UnixListener>) {
+fn serve_port(
+    port: Arc<Port>,
+    switch: Arc<Switch>,
+    listener: Option<UnixListener>,
+    stop: Arc<Stop>,
+) {
     let name = port.name();
     // Connect and disconnect lines of this port: a local user reconnecting in a loop
     // cannot flood the log. Kept apart from the guest's own lines (`Port::log`).
     let log = LogLimit::default();
     loop {
         let front = next_frontend(&port, listener.as_ref());
+        // Counted until this connection is cleaned up; none once stopping.
+        let Some(_serving) = stop.serve(port.id, &front) else {
+            return;
+        };
         if let Some(suppressed) = log.allow() {
             match peer_cred(front.as_fd()) {
                 Ok(c) => info!(
@@ -297,8 +313,29 @@ impl Drop for Bound {
     }
 }
 
-/// Builds everything from `cfg` and serves until the process is killed.
+/// A port's or the control socket's listener: the one the service manager passed, or
+/// bound here (then removed again on a clean stop).
+fn listener_for(
+    path: &Path,
+    activated: &mut Activated,
+    stop: &Stop,
+    bind: impl FnOnce() -> Result<UnixListener, DaemonError>,
+) -> Result<(UnixListener, bool), DaemonError> {
+    if let Some(l) = activated.take_unix(path) {
+        info!(socket = %path.display(), "listening socket from the service manager");
+        return Ok((l, false));
+    }
+    let l = bind()?;
+    stop.own_socket(path, &l);
+    Ok((l, true))
+}
+
+/// Builds everything from `cfg` and serves until stopped (SIGTERM, SIGINT) or killed.
 pub fn run(cfg: Config) -> Result<(), DaemonError> {
+    // First, before any thread runs: the environment variables are cleared.
+    let mut activated =
+        Activated::new(crate::sys::activation::take().map_err(DaemonError::Activation)?);
+    let stop = Arc::new(Stop::default());
     let ports: Vec<Arc<Port>> = cfg
         .ports
         .iter()
@@ -341,22 +378,35 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         listeners.push(if p.cfg.client {
             None
         } else {
-            let l = listen(&p.cfg.socket, access)?;
-            bound.0.push(p.cfg.socket.clone());
+            let (l, own) = listener_for(&p.cfg.socket, &mut activated, &stop, || {
+                listen(&p.cfg.socket, access)
+            })?;
+            if own {
+                bound.0.push(p.cfg.socket.clone());
+            }
             Some(l)
         });
     }
-    let control_listener = listen_control(&cfg.control, control_access)?;
-    bound.0.push(cfg.control.clone());
+    let (control_listener, own) = listener_for(&cfg.control, &mut activated, &stop, || {
+        listen_control(&cfg.control, control_access)
+    })?;
+    if own {
+        bound.0.push(cfg.control.clone());
+    }
     let metrics_listener = cfg
         .metrics
-        .map(|addr| {
-            std::net::TcpListener::bind(addr).map_err(|err| DaemonError::Metrics {
+        .map(|addr| match activated.take_tcp(addr) {
+            Some(l) => Ok(l),
+            None => std::net::TcpListener::bind(addr).map_err(|err| DaemonError::Metrics {
                 addr: addr.to_string(),
                 err,
-            })
+            }),
         })
         .transpose()?;
+    for s in activated.unused() {
+        warn!(socket = %s, "the service manager passed a socket no port uses; closing it");
+    }
+    drop(activated);
     bound.0.clear();
     let switch = Arc::new(Switch::new(
         ports
@@ -373,10 +423,10 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         if let Some(mac) = p.cfg.mac {
             switch.pin_mac(mac, p.id);
         }
-        let (p, sw) = (p.clone(), switch.clone());
+        let (p, sw, st) = (p.clone(), switch.clone(), stop.clone());
         thread::Builder::new()
             .name(format!("port{}", p.id))
-            .spawn(move || serve_port(p, sw, l))
+            .spawn(move || serve_port(p, sw, l, st))
             .map_err(DaemonError::Thread)?;
     }
     for (i, t) in taps {
@@ -399,6 +449,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
             .map_err(DaemonError::Thread)?;
         info!(%addr, "metrics at http://{addr}/metrics");
     }
+    lifecycle::stop_on_signals(stop).map_err(DaemonError::Thread)?;
     // Every socket listens and every thread runs: tell systemd (Type=notify).
     match crate::sys::notify::notify("READY=1\nSTATUS=serving") {
         Ok(true) => debug!("readiness sent to the service manager"),

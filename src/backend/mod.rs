@@ -8,6 +8,7 @@
 
 pub mod control;
 pub mod daemon;
+pub mod lifecycle;
 pub mod metrics;
 pub mod ratelimit;
 pub mod socket;

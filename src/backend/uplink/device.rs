@@ -8,7 +8,7 @@ use std::sync::RwLock;
 use tracing::info;
 
 use super::packet::{PacketError, PacketSocket};
-use super::tap::{Tap, TapError};
+use super::tap::{Tap, TapError, TapOptions};
 use super::{Uplink, UplinkDevice};
 use crate::backend::ratelimit::ByteRate;
 use crate::backend::switch::deliver::Destination;
@@ -27,15 +27,25 @@ pub struct DeviceUplink<D: UplinkDevice> {
     rate: Option<ByteRate>,
 }
 
-/// A tap device gsonet creates.
+/// A tap device gsonet creates (or reattaches to).
 pub type TapUplink = DeviceUplink<Tap>;
 /// An existing interface through AF_PACKET.
 pub type PacketUplink = DeviceUplink<PacketSocket>;
 
 impl TapUplink {
     pub fn open(cfg: &UplinkConfig, name: &str) -> Result<TapUplink, TapError> {
-        let tap = Tap::open(name, cfg.queues.unwrap_or(1) as usize)?;
-        info!(tap = name, queues = tap.queues(), "tap uplink ready");
+        let opts = TapOptions {
+            mac: cfg.mac,
+            persist: cfg.persist,
+        };
+        let tap = Tap::open(name, cfg.queues.unwrap_or(1) as usize, opts)?;
+        info!(
+            tap = name,
+            queues = tap.queues(),
+            persist = cfg.persist,
+            reattached = tap.reattached(),
+            "tap uplink ready"
+        );
         Ok(DeviceUplink::new(tap, cfg))
     }
 }
