@@ -3,7 +3,7 @@
 //! connections and removes the sockets gsonet bound, so the next gsonet starts clean.
 
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::AsFd;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use crate::sys::activation::Inherited;
-use crate::sys::io::poll_readable;
 
 /// Sockets passed by the service manager, each taken by the port (or the control
 /// socket, or the metrics listener) it belongs to.
@@ -96,29 +95,45 @@ struct Owned {
 }
 
 impl Owned {
-    /// Whether the path still leads to our listener: the same file, and a connection
-    /// made to it now lands in our queue (an inode number alone can be reused by a
-    /// socket someone bound there since). Connections waiting in our queue are
-    /// dropped first: we are stopping, they would be refused anyway.
+    /// Whether the path still leads to our listener: the same file, and no other
+    /// listening socket bound to that path since (an inode number alone can be reused
+    /// by a socket someone bound there after ours was removed).
     fn still_ours(&self) -> bool {
         let same_file = std::fs::symlink_metadata(&self.path).is_ok_and(|m| {
             std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())
                 && (m.dev(), m.ino()) == (self.dev, self.ino)
         });
-        if !same_file {
-            return false;
-        }
-        for _ in 0..1024 {
-            if !poll_readable(self.listener.as_fd(), Duration::ZERO).unwrap_or(false) {
-                break;
-            }
-            let _ = self.listener.accept();
-        }
-        let Ok(_probe) = UnixStream::connect(&self.path) else {
-            return false;
-        };
-        poll_readable(self.listener.as_fd(), Duration::from_millis(100)).unwrap_or(false)
+        same_file
+            && socket_inode(&self.listener)
+                .is_some_and(|ours| listening_at(&self.path).is_ok_and(|all| all == [ours]))
     }
+}
+
+/// The socket inode of a listener (what /proc/net/unix lists), from its fd's link.
+fn socket_inode(l: &UnixListener) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", l.as_raw_fd())).ok()?;
+    link.to_str()?
+        .strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// Inodes of the listening Unix sockets bound to `path` (in this network namespace).
+fn listening_at(path: &Path) -> std::io::Result<Vec<u64>> {
+    let want = path.to_str().unwrap_or_default();
+    let table = std::fs::read_to_string("/proc/net/unix")?;
+    // Num RefCount Protocol Flags Type St Inode Path; St 01 is listening.
+    Ok(table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 8 && f[5] == "01" && f[7..].join(" ") == want)
+                .then(|| f[6].parse().ok())
+                .flatten()
+        })
+        .collect())
 }
 
 #[derive(Default)]

@@ -44,6 +44,11 @@ fn sockopt_int(fd: BorrowedFd<'_>, opt: libc::c_int) -> io::Result<libc::c_int> 
 /// later inherits them. Every descriptor must be a listening stream socket, Unix or
 /// TCP; anything else is an error naming it.
 pub fn take() -> io::Result<Vec<Inherited>> {
+    // Variables meant for another process (a parent that did not clear them) are not
+    // ours, names included (`sd-notify` would reject names without descriptors).
+    if std::env::var("LISTEN_PID").ok().as_deref() != Some(&std::process::id().to_string()) {
+        return Ok(Vec::new());
+    }
     // SAFETY: called once at start-up, before any other thread of ours runs, so
     // nothing reads the environment while the variables are removed.
     let fds = unsafe { sd_notify::listen_fds_with_names_and_unset_env() }?;
