@@ -85,6 +85,7 @@ APT_PKGS=(
     python3 python3-pytest python3-scapy
     gcc libc6-dev cpio xz-utils zstd kmod
     prometheus libvirt-clients libxml2-utils
+    systemd iputils-ping
 )
 missing=()
 need_qemu=0

@@ -251,6 +251,10 @@ pub struct UplinkConfig {
     /// `rx_rate=MBIT[,rx_burst=KB]`: what gsonet may send into the uplink; a guest
     /// sending over it is held, a frame from another uplink dropped.
     pub rx_rate: Option<RateLimit>,
+    /// `mac=` (tap only): the tap's address; unset, one derived from its name.
+    pub mac: Option<Mac>,
+    /// `persist=on|off` (tap only, default on): the tap outlives gsonet.
+    pub persist: bool,
 }
 
 pub const MAX_QUEUE_PAIRS: u16 = 16;
@@ -486,7 +490,7 @@ impl UplinkConfig {
     }
 
     pub const KEYS: &'static str =
-        "tap or dev, queues, gso (pass|software), max_burst, rate, burst, rx_rate, rx_burst, bypass (dev only, on|off)";
+        "tap or dev, queues, gso (pass|software), max_burst, rate, burst, rx_rate, rx_burst, bypass (dev only, on|off), mac and persist (tap only, on|off)";
 
     /// Parses `tap=NAME|dev=IFNAME[,queues=N][,gso=pass|software][,max_burst=N][,rate=MBIT]
     /// [,burst=KB][,rx_rate=MBIT][,rx_burst=KB][,bypass=on|off]`.
@@ -504,8 +508,11 @@ impl UplinkConfig {
             max_burst: None,
             rate: None,
             rx_rate: None,
+            mac: None,
+            persist: true,
         };
         let mut bypass = None;
+        let mut tap_only = None;
         let mut rate = None;
         let mut burst = None;
         let mut rx_rate = None;
@@ -532,6 +539,14 @@ impl UplinkConfig {
                 "gso" => c.gso = v.parse().map_err(|e| bad(W, &k, &v, e))?,
                 "max_burst" => c.max_burst = max_burst(W, &k, &v)?,
                 "bypass" => bypass = Some((on_off(W, &k, &v)?, v)),
+                "mac" => {
+                    c.mac = Some(v.parse().map_err(|e| bad(W, &k, &v, e))?);
+                    tap_only = Some((k, v));
+                }
+                "persist" => {
+                    c.persist = on_off(W, &k, &v)?;
+                    tap_only = Some((k, v));
+                }
                 "rate" => rate = parse_rate(&v).map_err(|e| bad(W, &k, &v, e))?,
                 "burst" => burst = Some(number(W, &k, &v, 1, BURST_KB_MAX)?),
                 "rx_rate" => rx_rate = parse_rate(&v).map_err(|e| bad(W, &k, &v, e))?,
@@ -552,6 +567,22 @@ impl UplinkConfig {
         c.rate = RateLimit::with_burst(rate, burst).map_err(|e| bad(W, "burst", "", e))?;
         c.rx_rate =
             RateLimit::with_burst(rx_rate, rx_burst).map_err(|e| bad(W, "rx_burst", "", e))?;
+        if let (Some((k, v)), UplinkKind::Dev { .. }) = (&tap_only, &c.kind) {
+            return Err(bad(
+                W,
+                k,
+                v,
+                "only a tap= uplink is gsonet's own device (mac=, persist=)",
+            ));
+        }
+        if let (Some((k, v)), UplinkKind::Dev { .. }) = (&tap_only, &c.kind) {
+            return Err(bad(
+                W,
+                k,
+                v,
+                "only a tap= uplink is gsonet's own device (mac=, persist=)",
+            ));
+        }
         if let Some((on, v)) = bypass {
             match &mut c.kind {
                 UplinkKind::Dev { bypass, .. } => *bypass = on,
@@ -802,6 +833,15 @@ mod tests {
         assert!(UplinkConfig::parse("gso=pass").is_err());
         assert!(UplinkConfig::parse("tap=a-name-that-is-too-long").is_err());
         assert!(UplinkConfig::parse("tap=x,gso=fast").is_err());
+        // A tap is persistent unless told otherwise; mac= and persist= are tap-only.
+        assert!(u.persist && u.mac.is_none());
+        let t = UplinkConfig::parse("tap=gs0,mac=02:00:00:00:00:07,persist=off").unwrap();
+        assert_eq!(t.mac.unwrap().to_string(), "02:00:00:00:00:07");
+        assert!(!t.persist);
+        assert!(UplinkConfig::parse("tap=gs0,mac=ff:ff:ff:ff:ff:ff").is_err());
+        assert!(UplinkConfig::parse("tap=gs0,persist=maybe").is_err());
+        assert!(UplinkConfig::parse("dev=eth0,persist=off").is_err());
+        assert!(UplinkConfig::parse("dev=eth0,mac=02:00:00:00:00:07").is_err());
     }
 
     #[test]

@@ -159,8 +159,11 @@ struct ServeArgs {
     #[arg(long = "port", value_name = "SPEC")]
     ports: Vec<String>,
     /// An uplink: tap=NAME or dev=IFNAME, then [,queues=N][,gso=pass|software][,max_burst=N]
-    /// (dev also [,bypass=on|off]). Needs root.
+    /// (dev also [,bypass=on|off]; tap also [,mac=MAC][,persist=on|off]). Needs root.
     /// tap=NAME: gsonet creates the tap and brings it up; assign it an address yourself.
+    /// The tap is persistent (persist=on, the default): it outlives gsonet with the
+    /// host's addresses and routes, and the next gsonet reattaches to it. mac=MAC sets
+    /// its address; without it a new tap gets a stable one derived from its name.
     /// dev=IFNAME: an existing interface (a NIC, a veth, a bond) through AF_PACKET sockets
     /// with vnet headers; gsonet puts it in promiscuous mode so the guests' frames arrive,
     /// and does not bring it up. queues=N opens N sockets in one fanout group.

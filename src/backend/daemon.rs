@@ -19,6 +19,7 @@ use vm_memory::GuestMemoryAtomic;
 use super::control::protocol::{Applied, ReloadReport};
 use super::control::server::{find_port, find_uplink};
 use super::control::{self, Lifecycle, Members};
+use super::lifecycle::{self, Activated, Stop};
 use super::metrics;
 use super::ratelimit::LogLimit;
 use super::socket::{bind_exclusive, Access, BindError, PrivateDir};
@@ -61,6 +62,8 @@ pub enum DaemonError {
     Thread(io::Error),
     #[error("cannot create a port's timers: {0}")]
     Timer(io::Error),
+    #[error("sockets passed by the service manager (LISTEN_FDS): {0}")]
+    Activation(io::Error),
 }
 
 /// The gid a socket's `group` names; an unknown name is a configuration error.
@@ -131,13 +134,19 @@ impl PortLife {
     }
 }
 
+/// First and longest wait between two connection attempts of a client-mode port.
+const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
+
 /// Waits for the next frontend: accepted on our socket, or (client mode) connected
-/// to QEMU's, retrying while it is not there. `None`: the port is being removed.
+/// to QEMU's, retrying while it is not there: at once after a frontend left (QEMU
+/// listens again within milliseconds), then backing off to once a second. `None`:
+/// the port is being removed.
 fn next_frontend(
     port: &Port,
     listener: Option<&UnixListener>,
     life: &PortLife,
 ) -> Option<UnixStream> {
+    let mut wait = CONNECT_BACKOFF.0;
     loop {
         if life.stopped() {
             return None;
@@ -151,12 +160,11 @@ fn next_frontend(
             Err(e) => {
                 if listener.is_some() {
                     warn!(port = %port.name(), "accept failed: {e}");
-                }
-                thread::sleep(Duration::from_millis(if listener.is_some() {
-                    100
+                    thread::sleep(Duration::from_millis(100));
                 } else {
-                    500
-                }));
+                    thread::sleep(wait);
+                    wait = (wait * 2).min(CONNECT_BACKOFF.1);
+                }
             }
         }
     }
@@ -222,6 +230,7 @@ fn serve_port(
     switch: Arc<Switch>,
     listener: Option<UnixListener>,
     life: Arc<PortLife>,
+    stop: Arc<Stop>,
 ) {
     let name = port.name();
     // Connect and disconnect lines of this port: a local user reconnecting in a loop
@@ -238,6 +247,10 @@ fn serve_port(
         if life.stopped() {
             return;
         }
+        // Counted until this connection is cleaned up; none once gsonet is stopping.
+        let Some(_serving) = stop.serve(port.id, &front) else {
+            return;
+        };
         if let Some(suppressed) = log.allow() {
             match peer_cred(front.as_fd()) {
                 Ok(c) => info!(
@@ -432,6 +445,8 @@ struct Runtime {
     state: Mutex<State>,
     /// The configuration gsonet started with (its file, its global settings).
     started: Config,
+    /// The clean stop (SIGTERM, SIGINT): what it drains and which sockets it removes.
+    stop: Arc<Stop>,
 }
 
 /// How long a removal waits for a port's or uplink's threads to end.
@@ -512,6 +527,7 @@ impl Runtime {
         } else {
             let l = listen(&port.cfg.socket, access).map_err(|e| e.to_string())?;
             bound.0.push(port.cfg.socket.clone());
+            self.stop.own_socket(&port.cfg.socket, &l);
             Some(l)
         };
         Ok(PreparedPort {
@@ -539,6 +555,7 @@ impl Runtime {
             self.switch.clone(),
             prep.listener.take(),
             life.clone(),
+            self.stop.clone(),
         ) {
             Ok(h) => h,
             Err(e) => {
@@ -637,6 +654,9 @@ impl Runtime {
     fn remove_uplink(&self, st: &mut State, i: usize) -> (usize, String) {
         let e = st.uplinks.remove(i);
         let (id, name) = (e.id, e.uplink.name());
+        if let Err(err) = e.uplink.release() {
+            warn!(uplink = %name, "cannot drop the tap's persistence: {err}");
+        }
         self.members().uplinks.retain(|(u, _)| *u != id);
         if let Err(err) = self.switch.remove_uplink(id) {
             warn!(uplink = %name, "{err}");
@@ -923,15 +943,37 @@ fn spawn_port(
     switch: Arc<Switch>,
     listener: Option<UnixListener>,
     life: Arc<PortLife>,
+    stop: Arc<Stop>,
 ) -> Result<JoinHandle<()>, DaemonError> {
     thread::Builder::new()
         .name(format!("port{}", port.id))
-        .spawn(move || serve_port(port, switch, listener, life))
+        .spawn(move || serve_port(port, switch, listener, life, stop))
         .map_err(DaemonError::Thread)
 }
 
-/// Builds everything from `cfg` and serves until the process is killed.
+/// A port's or the control socket's listener: the one the service manager passed, or
+/// bound here (then removed again on a clean stop).
+fn listener_for(
+    path: &Path,
+    activated: &mut Activated,
+    stop: &Stop,
+    bind: impl FnOnce() -> Result<UnixListener, DaemonError>,
+) -> Result<(UnixListener, bool), DaemonError> {
+    if let Some(l) = activated.take_unix(path) {
+        info!(socket = %path.display(), "listening socket from the service manager");
+        return Ok((l, false));
+    }
+    let l = bind()?;
+    stop.own_socket(path, &l);
+    Ok((l, true))
+}
+
+/// Builds everything from `cfg` and serves until stopped (SIGTERM, SIGINT) or killed.
 pub fn run(cfg: Config) -> Result<(), DaemonError> {
+    // First, before any thread runs: the environment variables are cleared.
+    let mut activated =
+        Activated::new(crate::sys::activation::take().map_err(DaemonError::Activation)?);
+    let stop = Arc::new(Stop::default());
     // SIGHUP reloads the file; caught from the start, so an early one cannot kill us.
     let mut hangups = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
         .map_err(DaemonError::Thread)?;
@@ -961,22 +1003,35 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         listeners.push(if p.cfg.client {
             None
         } else {
-            let l = listen(&p.cfg.socket, access)?;
-            bound.0.push(p.cfg.socket.clone());
+            let (l, own) = listener_for(&p.cfg.socket, &mut activated, &stop, || {
+                listen(&p.cfg.socket, access)
+            })?;
+            if own {
+                bound.0.push(p.cfg.socket.clone());
+            }
             Some(l)
         });
     }
-    let control_listener = listen_control(&cfg.control, control_access)?;
-    bound.0.push(cfg.control.clone());
+    let (control_listener, own) = listener_for(&cfg.control, &mut activated, &stop, || {
+        listen_control(&cfg.control, control_access)
+    })?;
+    if own {
+        bound.0.push(cfg.control.clone());
+    }
     let metrics_listener = cfg
         .metrics
-        .map(|addr| {
-            std::net::TcpListener::bind(addr).map_err(|err| DaemonError::Metrics {
+        .map(|addr| match activated.take_tcp(addr) {
+            Some(l) => Ok(l),
+            None => std::net::TcpListener::bind(addr).map_err(|err| DaemonError::Metrics {
                 addr: addr.to_string(),
                 err,
-            })
+            }),
         })
         .transpose()?;
+    for s in activated.unused() {
+        warn!(socket = %s, "the service manager passed a socket no port uses; closing it");
+    }
+    drop(activated);
     bound.0.clear();
     let uplinks: Vec<Arc<dyn Uplink>> = opened.iter().map(Opened::uplink).collect();
     let switch = Arc::new(Switch::new(
@@ -1003,7 +1058,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
     };
     for (i, (p, l)) in ports.iter().zip(listeners).enumerate() {
         let life = Arc::new(PortLife::default());
-        let thread = spawn_port(p.clone(), switch.clone(), l, life.clone())?;
+        let thread = spawn_port(p.clone(), switch.clone(), l, life.clone(), stop.clone())?;
         st.ports.push(PortEntry {
             port: p.clone(),
             cfg: p.cfg.clone(),
@@ -1039,6 +1094,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         members: members.clone(),
         state: Mutex::new(st),
         started: cfg,
+        stop: stop.clone(),
     });
     let registry = Arc::new(control::Registry {
         members,
@@ -1061,6 +1117,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
             }
         })
         .map_err(DaemonError::Thread)?;
+    lifecycle::stop_on_signals(stop).map_err(DaemonError::Thread)?;
     // Every socket listens and every thread runs: tell systemd (Type=notify).
     match crate::sys::notify::notify("READY=1\nSTATUS=serving") {
         Ok(true) => debug!("readiness sent to the service manager"),

@@ -1,13 +1,14 @@
 //! The daemon: vhost-user ports (`vhost`), the switch between them (`switch`),
 //! uplinks (`uplink`), the control socket (`control`), Prometheus metrics
-//! (`metrics`), and `daemon`, which wires
-//! them up from a `Config` and serves until killed.
+//! (`metrics`), `lifecycle` (sockets from systemd, the clean stop), and `daemon`,
+//! which wires them up from a `Config` and serves until stopped.
 //!
 //! The rooms import downwards only: `daemon` -> `control` -> `vhost`, `uplink` ->
 //! `switch`. The switch knows ports and uplinks through its own traits.
 
 pub mod control;
 pub mod daemon;
+pub mod lifecycle;
 pub mod metrics;
 pub mod ratelimit;
 pub mod socket;

@@ -2,11 +2,12 @@
 //! tap queues (`tun`), AF_PACKET sockets (`packet`), interfaces (`netdev`), fds (`io`, `scm`,
 //! and `fd` for what a descriptor from another process is), Unix listening sockets
 //! (`sock`), socket peers and groups (`cred`), epoll timers (`timer`), readiness for
-//! systemd (`notify`).
+//! systemd (`notify`), sockets systemd passed us (`activation`).
 
 // The one room allowed to call into libc; every block states its invariant.
 #![allow(unsafe_code)]
 
+pub mod activation;
 pub mod cred;
 pub mod fd;
 pub mod io;

@@ -96,6 +96,39 @@ pub fn set_flags(name: &str, flags: IfFlags) -> io::Result<()> {
     Ok(())
 }
 
+/// The hardware address of interface `name` (SIOCGIFHWADDR).
+pub fn hw_addr(name: &str) -> io::Result<[u8; 6]> {
+    let mut req = ifreq(name)?;
+    let sock = control_socket()?;
+    // SAFETY: SIOCGIFHWADDR reads the name from and writes a sockaddr into an ifreq,
+    // which `req` is, exclusively borrowed for the call.
+    check(unsafe { ioctl_with_mut_ref(&sock, libc::SIOCGIFHWADDR, &mut req) })?;
+    // SAFETY: SIOCGIFHWADDR succeeded, so it set the union's `ifru_hwaddr` member, a
+    // plain sockaddr whose every bit pattern is valid.
+    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
+    let mut mac = [0u8; 6];
+    for (m, b) in mac.iter_mut().zip(sa.sa_data.iter()) {
+        *m = *b as u8;
+    }
+    Ok(mac)
+}
+
+/// Sets the hardware address of Ethernet interface `name` (SIOCSIFHWADDR).
+pub fn set_hw_addr(name: &str, mac: [u8; 6]) -> io::Result<()> {
+    let mut req = ifreq(name)?;
+    // SAFETY: sockaddr is plain C data for which all-zero bytes are a valid value.
+    let mut sa: libc::sockaddr = unsafe { mem::zeroed() };
+    sa.sa_family = libc::ARPHRD_ETHER;
+    for (d, b) in sa.sa_data.iter_mut().zip(mac) {
+        *d = b as libc::c_char;
+    }
+    req.ifr_ifru.ifru_hwaddr = sa;
+    let sock = control_socket()?;
+    // SAFETY: SIOCSIFHWADDR only reads an ifreq, which `req` is.
+    check(unsafe { ioctl_with_ref(&sock, libc::SIOCSIFHWADDR, &req) })?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +145,7 @@ mod tests {
         assert!(flags("gsonet-none0").is_err());
         assert!(flags("lo").is_ok());
         assert!((IfFlags(0) | IfFlags::UP).contains(IfFlags::UP));
+        assert_eq!(hw_addr("lo").unwrap(), [0; 6]);
+        assert!(hw_addr("gsonet-none0").is_err());
     }
 }

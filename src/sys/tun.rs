@@ -79,3 +79,83 @@ pub fn set_offload(tun: &File, flags: Offload) -> io::Result<()> {
     check(unsafe { ioctl_with_val(tun, libc::TUNSETOFFLOAD, libc::c_ulong::from(flags.0)) })?;
     Ok(())
 }
+
+/// TUNSETPERSIST: whether the device outlives the last fd attached to it (a
+/// persistent tap keeps its addresses, routes and bridge port while no one holds it).
+pub fn set_persist(tun: &File, persist: bool) -> io::Result<()> {
+    // SAFETY: TUNSETPERSIST takes its flag by value and touches no memory of ours.
+    check(unsafe { ioctl_with_val(tun, libc::TUNSETPERSIST, libc::c_ulong::from(persist)) })?;
+    Ok(())
+}
+
+/// IFF_* flags of a tun/tap device as the kernel keeps them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TunFlags(pub u32);
+
+impl TunFlags {
+    /// What a tap uplink needs: a tap, no packet info, a vnet header, multiqueue.
+    pub const TAP_UPLINK: TunFlags = TunFlags(
+        (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR | libc::IFF_MULTI_QUEUE) as u32,
+    );
+
+    pub fn contains(self, other: TunFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    pub fn is_tap(self) -> bool {
+        self.0 & libc::IFF_TAP as u32 != 0
+    }
+
+    pub fn multi_queue(self) -> bool {
+        self.0 & libc::IFF_MULTI_QUEUE as u32 != 0
+    }
+
+    pub fn persistent(self) -> bool {
+        self.0 & libc::IFF_PERSIST as u32 != 0
+    }
+}
+
+/// TUNGETIFF: the flags of the device `tun` is attached to (IFF_PERSIST included).
+pub fn attached_flags(tun: &File) -> io::Result<TunFlags> {
+    // Any valid name: TUNGETIFF writes the attached device's over it.
+    let mut req = netdev::ifreq("x")?;
+    // SAFETY: TUNGETIFF writes the device's name and flags into an ifreq; `req` is
+    // one, exclusively borrowed for the call.
+    check(unsafe { ioctl_with_mut_ref(tun, libc::TUNGETIFF, &mut req) })?;
+    // SAFETY: TUNGETIFF succeeded, so it set the union's `ifru_flags` member; all of
+    // its bit patterns are valid.
+    let f = unsafe { req.ifr_ifru.ifru_flags };
+    Ok(TunFlags(u32::from(f as u16)))
+}
+
+/// What already goes by an interface name, before gsonet attaches to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Existing {
+    Nothing,
+    /// A tun or tap device with these flags (`tun_flags` in sysfs).
+    Tun(TunFlags),
+    /// Some other kind of interface (a NIC, a bridge, a veth).
+    Other,
+}
+
+/// Whether an interface `name` exists and whether it is a tun/tap device (only those
+/// have `/sys/class/net/NAME/tun_flags`).
+pub fn existing(name: &str) -> io::Result<Existing> {
+    if !netdev::valid_name(name) || name.contains('/') || name == "." || name == ".." {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    if netdev::index(name).is_err() {
+        return Ok(Existing::Nothing);
+    }
+    match std::fs::read_to_string(format!("/sys/class/net/{name}/tun_flags")) {
+        Ok(s) => {
+            let s = s.trim();
+            let hex = s.strip_prefix("0x").unwrap_or(s);
+            u32::from_str_radix(hex, 16)
+                .map(|f| Existing::Tun(TunFlags(f)))
+                .map_err(|_| io::Error::other(format!("unreadable tun_flags {s:?}")))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Existing::Other),
+        Err(e) => Err(e),
+    }
+}

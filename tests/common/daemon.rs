@@ -270,6 +270,13 @@ impl Drop for Daemon {
             let _ = std::fs::remove_file(s);
         }
         let _ = std::fs::remove_file(&self.control);
+        // The tap is persistent (it outlives gsonet by design): remove it with the test.
+        if let Some(t) = &self.tap {
+            let _ = Command::new("ip")
+                .args(["link", "del", t])
+                .stderr(Stdio::null())
+                .status();
+        }
         if !std::thread::panicking() {
             let _ = std::fs::remove_file(&self.log);
         }

@@ -8,7 +8,7 @@ use std::sync::RwLock;
 use tracing::info;
 
 use super::packet::{PacketError, PacketSocket};
-use super::tap::{Tap, TapError};
+use super::tap::{Tap, TapError, TapOptions};
 use super::{Uplink, UplinkDevice};
 use crate::backend::ratelimit::ByteRate;
 use crate::backend::switch::deliver::Destination;
@@ -33,15 +33,25 @@ fn bucket(r: Option<RateLimit>) -> Option<ByteRate> {
     r.map(|r| ByteRate::new(r.mbit, r.burst_kb))
 }
 
-/// A tap device gsonet creates.
+/// A tap device gsonet creates (or reattaches to).
 pub type TapUplink = DeviceUplink<Tap>;
 /// An existing interface through AF_PACKET.
 pub type PacketUplink = DeviceUplink<PacketSocket>;
 
 impl TapUplink {
     pub fn open(cfg: &UplinkConfig, name: &str) -> Result<TapUplink, TapError> {
-        let tap = Tap::open(name, cfg.queues.unwrap_or(1) as usize)?;
-        info!(tap = name, queues = tap.queues(), "tap uplink ready");
+        let opts = TapOptions {
+            mac: cfg.mac,
+            persist: cfg.persist,
+        };
+        let tap = Tap::open(name, cfg.queues.unwrap_or(1) as usize, opts)?;
+        info!(
+            tap = name,
+            queues = tap.queues(),
+            persist = cfg.persist,
+            reattached = tap.reattached(),
+            "tap uplink ready"
+        );
         Ok(DeviceUplink::new(tap, cfg))
     }
 }
@@ -175,6 +185,10 @@ impl<D: UplinkDevice> Uplink for DeviceUplink<D> {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .max_burst = max;
+    }
+
+    fn release(&self) -> io::Result<()> {
+        self.dev.release()
     }
 
     fn rates(&self) -> (Option<RateLimit>, Option<RateLimit>) {

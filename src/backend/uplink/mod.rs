@@ -28,6 +28,8 @@ pub trait Uplink: SwitchUplink {
     fn set_rate(&self, r: Option<RateLimit>);
     /// A new `rx_rate=` (a fresh bucket), at once.
     fn set_rx_rate(&self, r: Option<RateLimit>);
+    /// Removed for good: see `UplinkDevice::release`.
+    fn release(&self) -> io::Result<()>;
 }
 
 /// What `DeviceUplink` needs from a device: per-queue fds that read and write one
@@ -51,4 +53,9 @@ pub trait UplinkDevice: Send + Sync + 'static {
     fn send(&self, queue: usize, iov: &[&[u8]]) -> io::Result<usize>;
     /// Tells the device which offloads the guests behind it accept.
     fn set_offload(&self, caps: Caps) -> Result<Caps, String>;
+    /// The device is being removed for good (`gsonet ctl uplink del`, a reload): a
+    /// device gsonet made persistent goes with it.
+    fn release(&self) -> io::Result<()> {
+        Ok(())
+    }
 }

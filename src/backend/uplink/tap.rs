@@ -1,6 +1,8 @@
 //! Tap uplink: /dev/net/tun with IFF_TAP|IFF_NO_PI|IFF_VNET_HDR|IFF_MULTI_QUEUE, a
 //! 12-byte vnet header, and TUNSETOFFLOAD programmed from what the guests behind it
 //! accept. Frames we write keep their GSO header: the kernel segments if it must.
+//! The tap is persistent by default with a stable MAC, so it (and the host's addresses,
+//! routes and bridge port on it) outlives a gsonet restart; a new gsonet reattaches.
 
 use std::fs::File;
 use std::io;
@@ -11,9 +13,10 @@ use tracing::{debug, warn};
 
 use super::UplinkDevice;
 use crate::features::Caps;
+use crate::l2::Mac;
 use crate::sys::io as sysio;
 use crate::sys::netdev::{self, IfFlags};
-use crate::sys::tun::{self, Offload};
+use crate::sys::tun::{self, Existing, Offload, TunFlags};
 use crate::vnet_hdr::HDR_LEN;
 
 #[derive(Debug, Error)]
@@ -24,6 +27,16 @@ pub enum TapError {
     Open(io::Error),
     #[error("cannot create tap {name}: {err} (is it in use by another program without multiqueue, or are you not root?)")]
     Create { name: String, err: io::Error },
+    #[error(
+        "interface {name} exists and is not a tap: choose another tap= name (gsonet \
+         reattaches only to a tap it can use)"
+    )]
+    NotATap { name: String },
+    #[error(
+        "tap {name} exists without multi_queue (flags {flags:#x}): delete it (`ip link del \
+         {name}`) or create it with `ip tuntap add {name} mode tap multi_queue vnet_hdr`"
+    )]
+    WrongFlags { name: String, flags: u32 },
     #[error("tap {name}: {what} failed: {err}")]
     Ioctl {
         name: String,
@@ -36,6 +49,31 @@ pub enum TapError {
 pub struct Tap {
     name: String,
     queues: Vec<File>,
+    /// Whether it was there already (a persistent tap of an earlier gsonet or one the
+    /// host made) and gsonet attached to it rather than creating it.
+    reattached: bool,
+}
+
+/// How a tap uplink is set up besides its queues.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TapOptions {
+    /// `mac=`: the tap's address; unset, a new tap gets `derived_mac(name)` and an
+    /// existing one keeps its own.
+    pub mac: Option<Mac>,
+    /// `persist=` (default on): the tap outlives gsonet (TUNSETPERSIST); off, it goes
+    /// away with the process, even a tap that was persistent before.
+    pub persist: bool,
+}
+
+/// A stable MAC for tap `name`: locally administered, unicast, the same on every
+/// start and every host (FNV-1a of the name), so neighbours' ARP entries stay right
+/// across a restart.
+pub fn derived_mac(name: &str) -> Mac {
+    use std::hash::Hasher;
+    let mut h = fnv::FnvHasher::default();
+    h.write(name.as_bytes());
+    let b = h.finish().to_be_bytes();
+    Mac([(b[2] & 0xfc) | 0x02, b[3], b[4], b[5], b[6], b[7]])
 }
 
 fn tun_flags(c: Caps) -> Offload {
@@ -65,11 +103,30 @@ fn tun_flags(c: Caps) -> Offload {
 }
 
 impl Tap {
-    /// Creates (or attaches to) tap `name` with `queues` queues and brings it up.
-    pub fn open(name: &str, queues: usize) -> Result<Tap, TapError> {
+    /// Creates tap `name`, or attaches to an existing tap of that name (its addresses,
+    /// routes and bridge port untouched), with `queues` queues; sets its persistence
+    /// and MAC as `opts` says and brings it up.
+    pub fn open(name: &str, queues: usize, opts: TapOptions) -> Result<Tap, TapError> {
         if !netdev::valid_name(name) {
             return Err(TapError::BadName(name.to_string()));
         }
+        let ioctl = |what, err| TapError::Ioctl {
+            name: name.into(),
+            what,
+            err,
+        };
+        let reattached = match tun::existing(name).map_err(|e| ioctl("reading tun_flags", e))? {
+            Existing::Nothing => false,
+            Existing::Other => return Err(TapError::NotATap { name: name.into() }),
+            Existing::Tun(f) if !f.is_tap() => return Err(TapError::NotATap { name: name.into() }),
+            Existing::Tun(f) if !f.multi_queue() => {
+                return Err(TapError::WrongFlags {
+                    name: name.into(),
+                    flags: f.0,
+                })
+            }
+            Existing::Tun(_) => true,
+        };
         let mut fds = Vec::new();
         for _ in 0..queues.max(1) {
             let f = tun::open().map_err(TapError::Open)?;
@@ -84,10 +141,33 @@ impl Tap {
             })?;
             fds.push(f);
         }
+        let first = &fds[0];
+        let flags = tun::attached_flags(first).map_err(|e| ioctl("TUNGETIFF", e))?;
+        if !flags.contains(TunFlags::TAP_UPLINK) {
+            return Err(TapError::WrongFlags {
+                name: name.into(),
+                flags: flags.0,
+            });
+        }
+        if flags.persistent() != opts.persist {
+            tun::set_persist(first, opts.persist).map_err(|e| ioctl("TUNSETPERSIST", e))?;
+        }
         let tap = Tap {
             name: name.to_string(),
             queues: fds,
+            reattached,
         };
+        let want = match (opts.mac, reattached) {
+            (Some(m), _) => Some(m),
+            (None, false) => Some(derived_mac(name)),
+            (None, true) => None,
+        };
+        if let Some(Mac(m)) = want {
+            let have = netdev::hw_addr(name).map_err(|e| ioctl("SIOCGIFHWADDR", e))?;
+            if have != m {
+                netdev::set_hw_addr(name, m).map_err(|e| ioctl("SIOCSIFHWADDR", e))?;
+            }
+        }
         tap.set_up()?;
         tap.set_offload(Caps::default())?;
         Ok(tap)
@@ -99,6 +179,11 @@ impl Tap {
 
     pub fn queues(&self) -> usize {
         self.queues.len()
+    }
+
+    /// Whether it existed before and gsonet attached to it.
+    pub fn reattached(&self) -> bool {
+        self.reattached
     }
 
     pub fn fd(&self, queue: usize) -> BorrowedFd<'_> {
@@ -182,6 +267,15 @@ impl UplinkDevice for Tap {
         format!("tap={}", self.name)
     }
 
+    /// A removed uplink's tap is not kept: persistence is for restarts, not for an
+    /// uplink the operator took away.
+    fn release(&self) -> io::Result<()> {
+        match self.queues.first() {
+            Some(q) => tun::set_persist(q, false),
+            None => Ok(()),
+        }
+    }
+
     fn thread_prefix(&self) -> &'static str {
         "tap"
     }
@@ -237,10 +331,25 @@ mod tests {
 
     #[test]
     fn bad_names_are_refused() {
-        assert!(matches!(Tap::open("", 1), Err(TapError::BadName(_))));
+        let o = TapOptions::default();
+        assert!(matches!(Tap::open("", 1, o), Err(TapError::BadName(_))));
         assert!(matches!(
-            Tap::open("a-name-that-is-far-too-long", 1),
+            Tap::open("a-name-that-is-far-too-long", 1, o),
             Err(TapError::BadName(_))
         ));
+    }
+
+    #[test]
+    fn derived_macs_are_stable_local_unicast() {
+        let a = derived_mac("gsonet0");
+        assert_eq!(a, derived_mac("gsonet0"));
+        assert_ne!(a, derived_mac("gsonet1"));
+        for n in ["a", "gsonet0", "tap-with-15-chr"] {
+            let Mac(m) = derived_mac(n);
+            assert_eq!(m[0] & 0x03, 0x02, "{n}: locally administered unicast");
+        }
+        // FNV-1a is fixed: the address of a name never changes between versions
+        // (this value computed independently of the crate).
+        assert_eq!(derived_mac("gsonet0").to_string(), "2a:40:a0:cb:73:81");
     }
 }

@@ -149,7 +149,17 @@ pub fn drain(
             };
             let Some(chain) = chain else { break };
             let head = chain.head_index();
-            match tx::read_chain(&mem, chain, neg.hdr_len(), qsize as usize, buf) {
+            let read = tx::read_chain(&mem, chain, neg.hdr_len(), qsize as usize, buf);
+            // The frame is in our own buffer now: hand the chain back before sending it.
+            // If gsonet dies from here on, the guest's ring already says "sent" and the
+            // frontend's rewind (to the used index) cannot send it a second time; a
+            // frame is lost at worst, never duplicated.
+            if let Err(e) = txq.add_used(head, 0) {
+                if let Some(quiet) = port.log.allow() {
+                    warn!(port = %port.name(), suppressed = quiet, "add_used on TX failed: {e}");
+                }
+            }
+            match read {
                 Ok(f) => {
                     port.stats.tx(f.len);
                     let parts = [&buf[f.start..f.start + f.len]];
@@ -167,11 +177,6 @@ pub fn drain(
                 Err(e) => {
                     debug!(port = %port.name(), "dropping TX chain: {e}");
                     port.stats.drop(DropReason::from(&e as &TxError));
-                }
-            }
-            if let Err(e) = txq.add_used(head, 0) {
-                if let Some(quiet) = port.log.allow() {
-                    warn!(port = %port.name(), suppressed = quiet, "add_used on TX failed: {e}");
                 }
             }
             done += 1;
