@@ -47,12 +47,14 @@ test-full: setup build unit
 # (gsonet vs QEMU virtio-net + tap vs DPDK testpmd; SECONDS=3 REPEATS=1 for a smoke
 # run), then the noisy-neighbour run (two honest guests, one attacker with each
 # attack of examples/attacker.rs in turn; NOISY_SECONDS, NOISY_REPEATS).
-# Results: results/bench-<timestamp>/, results/noisy-<timestamp>/.
+# Then the Xen rig: gsonet vs the kernel netback vs QEMU's netback in one boot.
+# Results: results/bench-<timestamp>/, results/noisy-<timestamp>/, results/xen-bench-*.json.
 bench: setup build
 	$(CARGO) bench --bench segment
 	$(SUDO) python3 scripts/bench.py
 	$(CARGO) build --release --example attacker
 	$(SUDO) python3 scripts/noisy.py
+	$(SUDO) python3 scripts/xen_bench.py
 
 lint:
 	$(CARGO) fmt --all -- --check
