@@ -65,7 +65,7 @@ def test_domu_ping_iperf3(xen_env, record_measurement):
     up = run.number("gsonet.domu_to_dom0_mbps")
     record_measurement("xen.gsonet.dom0_to_domu_mbps", down)
     record_measurement("xen.gsonet.domu_to_dom0_mbps", up)
-    assert down > 1 and up > 1, run.results
+    assert down > 0.1 and up > 0.1, run.results
     to_vif = _delta(run, "start", "after_dom0_to_domu", _vif)
     assert to_vif["gso_passed"] > 0, (to_vif, run.log_path)
     assert to_vif["gso_segmented"] == 0, (to_vif, run.log_path)

@@ -34,8 +34,8 @@ def test_kernel_netback_dom0_domu(xen_env, record_measurement):
                      gsonet=False).run()
     _record_all(run, record_measurement, "kernel.")
     assert run.results["kernel.ping"] == "ok", run.log_path
-    assert run.number("kernel.dom0_to_domu_mbps") > 1, run.results
-    assert run.number("kernel.domu_to_dom0_mbps") > 1, run.results
+    assert run.number("kernel.dom0_to_domu_mbps") > 0.1, run.results
+    assert run.number("kernel.domu_to_dom0_mbps") > 0.1, run.results
 
 
 @pytest.mark.full
@@ -45,7 +45,7 @@ def test_kernel_netback_two_domus(xen_env, record_measurement):
     run = xen.XenRig("kernel-netback-2", xen.scenario(
         "kernel-netback", XT_SECONDS=5, XT_DOMUS=2, XT_MD5_MIB=16), gsonet=False).run()
     _record_all(run, record_measurement, "kernel.")
-    assert run.number("kernel.domu_to_domu_mbps") > 1, run.results
+    assert run.number("kernel.domu_to_domu_mbps") > 0.1, run.results
     assert run.results.get("kernel.md5_to_domu") == "ok", run.log_path
     assert run.results.get("kernel.md5_from_domu") == "ok", run.log_path
 
@@ -57,5 +57,5 @@ def test_qemu_netback(xen_env, record_measurement):
                      gsonet=False, qemu=True).run()
     _record_all(run, record_measurement, "qemu.")
     assert run.results["qemu.ping"] == "ok", run.log_path
-    assert run.number("qemu.dom0_to_domu_mbps") > 0.1, run.results
-    assert run.number("qemu.domu_to_dom0_mbps") > 0.1, run.results
+    assert run.number("qemu.dom0_to_domu_mbps") > 0.01, run.results
+    assert run.number("qemu.domu_to_dom0_mbps") > 0.01, run.results

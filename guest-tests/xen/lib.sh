@@ -75,9 +75,11 @@ wait_ping() {
     return 1
 }
 
-# iperf_mbps ARGS...: run iperf3 -f m ARGS (in dom0) and print the receiver's Mbit/s.
+# iperf_mbps ARGS...: run iperf3 -f m ARGS (in dom0) and print the receiver's Mbit/s
+# (its sender/receiver lines go to stderr, i.e. the console, as XT-IPERF).
 iperf_mbps() {
     iperf3 -f m "$@" > /tmp/iperf.out 2>&1
+    grep -E 'sender|receiver' /tmp/iperf.out | sed 's/^/XT-IPERF /' >&2
     awk '/receiver/ {v = $(NF-2)} END {print v}' /tmp/iperf.out | grep . \
         || { cat /tmp/iperf.out >&2; echo 0; }
 }
@@ -87,6 +89,7 @@ iperf_domu_mbps() {
     local ip="$1"
     shift
     on_domu "$ip" iperf3 -f m "$@" > /tmp/iperf.out 2>&1
+    grep -E 'sender|receiver' /tmp/iperf.out | sed 's/^/XT-IPERF /' >&2
     awk '/receiver/ {v = $(NF-2)} END {print v}' /tmp/iperf.out | grep . \
         || { cat /tmp/iperf.out >&2; echo 0; }
 }
