@@ -40,8 +40,13 @@ unit:
 guest-tests: build
 	$(SUDO) $(PYTEST) -q guest-tests -m "not full"
 
+# test-full also runs the representative guest tests (negotiation, ethtool toggles,
+# iperf3 both ways, md5 transfers) on the second guest kernel, Debian 12's 6.1.
+GUEST_TESTS_6_1 ?= guest-tests/test_gsonet.py guest-tests/test_offload_matrix.py
+
 test-full: setup build unit
 	$(SUDO) $(PYTEST) -q guest-tests
+	$(SUDO) env GSONET_GUEST_KERNEL=6.1 $(PYTEST) -q $(GUEST_TESTS_6_1)
 
 # Micro-benchmark of the segmentation engine, then the side-by-side iperf3 run
 # (gsonet vs QEMU virtio-net + tap vs DPDK testpmd; SECONDS=3 REPEATS=1 for a smoke
