@@ -30,7 +30,7 @@ ROWS = [
 
 
 def fmt(v: float | None) -> str:
-    return "-" if v is None else f"{v:9.1f}"
+    return "-" if v is None else f"{v:9.3g}"
 
 
 def ratio(a: float | None, b: float | None) -> str:
@@ -64,13 +64,13 @@ def main() -> int:
 
     print(f"\nXen rig, one boot ({run.seconds:.0f} s), iperf3 {args.seconds} s, Mbit/s")
     print(f"{'path':<16}{'gsonet':>10}{'kernel':>10}{'QEMU':>10}"
-          f"{'g/kernel':>10}{'g/QEMU':>10}")
+          f"{'g/kernel':>10}{'g/QEMU':>10}{'kernel/QEMU':>12}")
     table = {}
     for label, key in ROWS:
         g, k, q = get("gsonet", key), get("kernel", key), get("qemu", key)
         table[key] = {"gsonet": g, "kernel": k, "qemu": q}
         print(f"{label:<16}{fmt(g):>10}{fmt(k):>10}{fmt(q):>10}{ratio(g, k):>10}"
-              f"{ratio(g, q):>10}")
+              f"{ratio(g, q):>10}{ratio(k, q):>12}")
     on, off = get("gsonet", "domu_to_dom0_mbps"), get("gsonet.nooffload", "domu_to_dom0_mbps")
     if on is not None:
         print(f"gsonet domU -> dom0, offloads on / `tso off gso off`: {ratio(on, off)}")
