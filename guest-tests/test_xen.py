@@ -38,7 +38,8 @@ def _port(run: xen.XenRun, tag: str, name: str) -> dict:
     for group in snap.values():
         if isinstance(group, list):
             for entry in group:
-                if isinstance(entry, dict) and entry.get("name") == name:
+                # uplinks are named by their spec (tap=NAME)
+                if isinstance(entry, dict) and entry.get("name") in (name, f"tap={name}"):
                     return entry.get("stats", entry)
     raise AssertionError(f"no {name} in stats {tag}: {snap}")
 
