@@ -139,7 +139,7 @@ class XenRig:
 
     def __init__(self, name: str, script: str, *, gsonet: bool = True,
                  gsonet_bin: str | None = None, qemu: bool = False,
-                 files: dict[str, bytes | str] | None = None, timeout: float = 900,
+                 files: dict[str, bytes | str] | None = None, timeout: float = 2400,
                  dom0_args: str = "", log_dir: Path | str | None = None):
         self.name = name
         self.script = script
