@@ -232,6 +232,7 @@ xs_wait() {
 prewire_vif() {
     local name="$1" d="" i=0 be fe
     ( domu_create "$name" ) &
+    local creating=$!
     while [ $i -lt 300 ] && [ -z "$d" ]; do
         d="$(xl domid "$name" 2>/dev/null)"
         [ -n "$d" ] || usleep 200000
@@ -247,5 +248,5 @@ prewire_vif() {
     xs_wait "$fe/state" 4 300 || fail "prewire: frontend $fe not Connected"
     xenstore-write "$fe/feature-gso-tcpv4" 0
     note "prewired $name (domid $d): frontend feature-gso-tcpv4=$(xenstore-read "$fe/feature-gso-tcpv4")"
-    wait
+    wait "$creating"
 }

@@ -23,7 +23,11 @@ if [ "${XT_VIF:-auto}" = auto ]; then
     [ "$NDOM" = 2 ] && [ "${XT_NOGSO2:-0}" != 1 ] && domu_create gdomU2
 else
     ( domu_create gdomU1 ) &
-    [ "$NDOM" = 2 ] && [ "${XT_NOGSO2:-0}" != 1 ] && ( domu_create gdomU2 ) &
+    creating=$!
+    if [ "$NDOM" = 2 ] && [ "${XT_NOGSO2:-0}" != 1 ]; then
+        ( domu_create gdomU2 ) &
+        creating="$creating $!"
+    fi
     i=0
     while [ $i -lt 150 ]; do
         d1="$(xl domid gdomU1 2>/dev/null)"
@@ -34,7 +38,7 @@ else
     set -- --xen-vif "domid=$d1,devid=0"
     [ -n "$d2" ] && set -- "$@" --xen-vif "domid=$d2,devid=0"
     gsonet_start "$@" --uplink tap=xttap0
-    wait
+    wait $creating  # the xl creates only: gsonet runs in the background too
 fi
 ip addr add 10.99.0.1/24 dev xttap0
 ip link set xttap0 up
