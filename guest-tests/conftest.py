@@ -34,7 +34,10 @@ def pytest_configure(config):
 
 
 def record(key: str, value) -> None:
-    """Keep a measurement; printed at the end and written to results/."""
+    """Keep a measurement; printed at the end and written to results/. Keys of a
+    run on the second guest kernel (GSONET_GUEST_KERNEL=6.1) start with `k6.1.`."""
+    if paths.GUEST_KERNEL != "6.12":
+        key = f"k{paths.GUEST_KERNEL}.{key}"
     MEASUREMENTS[key] = value
 
 
@@ -59,7 +62,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     out = paths.REPO / "results"
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "guest-measurements.json").write_text(json.dumps(MEASUREMENTS, indent=2) + "\n")
+        suffix = "" if paths.GUEST_KERNEL == "6.12" else f"-{paths.GUEST_KERNEL}"
+        (out / f"guest-measurements{suffix}.json").write_text(json.dumps(MEASUREMENTS, indent=2) + "\n")
     except OSError:
         pass
 

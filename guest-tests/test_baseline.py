@@ -9,13 +9,14 @@ import socket
 
 import pytest
 
+from harness import paths
 from harness.iperf import iperf3_guest_server, iperf3_host_client
 from harness.transfer import transfer_guest_to_host, transfer_host_to_guest
 
 
 def test_boots_612_kernel(tap_guest, record_measurement):
     rc, out = tap_guest.guest.run("uname -r")
-    assert rc == 0 and out.strip().startswith("6.12."), out
+    assert rc == 0 and out.strip().startswith(f"{paths.GUEST_KERNEL}."), out
     record_measurement("qemu_tap.boot_seconds", tap_guest.boot_seconds)
 
 

@@ -11,9 +11,13 @@ from typing import IO
 
 GUEST_TESTS = Path(__file__).resolve().parent.parent
 REPO = GUEST_TESTS.parent
-KERNEL = GUEST_TESTS / ".cache" / "bzImage"
-INITRD = GUEST_TESTS / ".cache" / "initramfs.cpio.gz"
-TCP_RR = GUEST_TESTS / ".cache" / "tcp_rr"  # the host end of the latency test
+# The guest kernel series: 6.12 (bookworm-backports, the default) or 6.1 (Debian 12's
+# stable kernel, no USO), chosen with GSONET_GUEST_KERNEL; image/build.sh builds each.
+GUEST_KERNEL = os.environ.get("GSONET_GUEST_KERNEL", "6.12")
+IMAGE_DIR = GUEST_TESTS / ".cache" / ("" if GUEST_KERNEL == "6.12" else f"kernel-{GUEST_KERNEL}")
+KERNEL = IMAGE_DIR / "bzImage"
+INITRD = IMAGE_DIR / "initramfs.cpio.gz"
+TCP_RR = IMAGE_DIR / "tcp_rr"  # the host end of the latency test
 LOG_DIR = Path(os.environ.get("GSONET_LOG_DIR", REPO / "results" / "guest-logs"))
 QEMU = os.environ.get("GSONET_QEMU", "qemu-system-x86_64")
 GSONET_BIN = os.environ.get("GSONET_BIN", str(REPO / "target" / "release" / "gsonet"))

@@ -3,16 +3,23 @@
 # busybox initramfs with virtio_net, iperf3, ethtool, the UDP GSO tools and tcp_rr.
 # Output: guest-tests/.cache/{bzImage,initramfs.cpio.gz,stamp}. Rebuilt only
 # when this script, its inputs or the host packages it copies from change.
-# Env: GSONET_KERNEL_PKG=linux-image-6.12.X+debN-amd64 to pin the kernel;
-#      FORCE=1 to rebuild.
+# Env: GSONET_GUEST_KERNEL=6.1 builds the second guest instead, on Debian 12's
+#      stable 6.1 kernel (no USO), into guest-tests/.cache/kernel-6.1/;
+#      GSONET_KERNEL_PKG=linux-image-X-amd64 to pin the kernel; FORCE=1 to rebuild.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="$(cd "$HERE/.." && pwd)/.cache"
+SERIES="${GSONET_GUEST_KERNEL:-6.12}"
+case "$SERIES" in
+    6.12) ;;
+    6.1) CACHE="$CACHE/kernel-6.1" ;;
+    *) echo "GSONET_GUEST_KERNEL=$SERIES: 6.12 (default) or 6.1" >&2; exit 2 ;;
+esac
 mkdir -p "$CACHE"
 say() { printf '[image] %s\n' "$*"; }
 
-for tool in busybox iperf3 ethtool gcc cpio xz apt-get dpkg; do
+for tool in busybox iperf3 ethtool gcc cpio xz apt-get dpkg modinfo; do
     command -v "$tool" >/dev/null || { echo "missing $tool: run scripts/setup.sh" >&2; exit 1; }
 done
 BUSYBOX="$(command -v busybox)"
@@ -21,23 +28,28 @@ if ! file -L "$BUSYBOX" 2>/dev/null | grep -q 'statically' && ldd "$BUSYBOX" >/d
     exit 1
 fi
 
-# Which kernel: the one bookworm-backports' linux-image-amd64 points at, unless pinned.
+# Which kernel: the one linux-image-amd64 points at in bookworm-backports (6.12) or
+# in bookworm (6.1, the newest ABI it lists), unless pinned.
 kernel_pkg() {
     if [ -n "${GSONET_KERNEL_PKG:-}" ]; then echo "$GSONET_KERNEL_PKG"; return; fi
     apt-cache show linux-image-amd64 2>/dev/null \
-        | awk '/^Depends:/ && $2 ~ /^linux-image-6\.12\./ {print $2; exit}'
+        | awk -v rx="^linux-image-${SERIES//./\\.}[.]" '/^Depends:/ && $2 ~ rx {print $2}' \
+        | sort -V | tail -1
 }
 KPKG="$(kernel_pkg)"
 if [ -z "$KPKG" ]; then
-    # fall back to the newest signed 6.12 amd64 image apt knows
-    KPKG="$(apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\+deb12(\.[0-9]+)?-amd64$' \
-        | awk '{print $1}' | sort -V | tail -1)"
+    # fall back to the newest unsigned amd64 image of the series apt knows
+    case "$SERIES" in
+        6.12) rx='^linux-image-6\.12\.[0-9]+\+deb12(\.[0-9]+)?-amd64$' ;;
+        6.1) rx='^linux-image-6\.1\.0-[0-9]+-amd64$' ;;
+    esac
+    KPKG="$(apt-cache search --names-only "$rx" | awk '{print $1}' | sort -V | tail -1)"
 fi
 if [ -z "$KPKG" ]; then
     # offline re-run: reuse the kernel already extracted into the cache
     KPKG="$(ls -d "$CACHE"/kernel-*/.done 2>/dev/null | sed 's|.*/kernel-||; s|/.done||' | sort -V | tail -1)"
 fi
-[ -n "$KPKG" ] || { echo "no linux-image-6.12.*-amd64 known to apt (bookworm-backports missing? run scripts/setup.sh)" >&2; exit 1; }
+[ -n "$KPKG" ] || { echo "no linux-image-$SERIES.*-amd64 known to apt (bookworm-backports missing? run scripts/setup.sh)" >&2; exit 1; }
 
 # Stamp: this script, the init and C sources, the kernel package name and the
 # versions of the host packages copied into the image.
@@ -53,7 +65,7 @@ if [ "${FORCE:-0}" != 1 ] && [ -f "$CACHE/stamp" ] && [ "$(cat "$CACHE/stamp")" 
     exit 0
 fi
 
-# 1. Kernel package -> bzImage + the three modules.
+# 1. Kernel package -> bzImage + virtio_net and the modules it needs.
 KDIR="$CACHE/kernel-$KPKG"
 if [ ! -f "$KDIR/.done" ]; then
     say "downloading $KPKG"
@@ -70,9 +82,10 @@ if [ ! -f "$KDIR/.done" ]; then
     say "extracting $(ls "$KDIR"/*.deb | xargs -n1 basename)"
     dpkg -x "$KDIR"/*.deb "$KDIR/root"
     rm -f "$KDIR"/*.deb
-    # keep only what the image uses: vmlinuz, config and the three net modules
+    # keep only what the image uses: vmlinuz, config, virtio_net and what it needs
+    # (6.1 has virtio, virtio_ring and virtio_pci as modules; 6.12 builds them in)
     find "$KDIR/root" -name '*.ko*' ! -name 'failover.ko*' ! -name 'net_failover.ko*' \
-        ! -name 'virtio_net.ko*' -delete
+        ! -name 'virtio*.ko*' -delete
     find "$KDIR/root" -depth -type d -empty -delete
     touch "$KDIR/.done"
 fi
@@ -91,16 +104,31 @@ for applet in $("$BUSYBOX" --list); do
     [ "$applet" = busybox ] && continue
     ln -sf busybox "$T/bin/$applet"
 done
-for m in failover net_failover virtio_net; do
+# virtio_net and virtio_pci with their dependencies, in load order (a module built
+# into the kernel is not there and needs no loading; virtio_net must be one or the other).
+: > "$T/lib/modules/load.order"
+add_module() {
+    local m="$1" ko dep
+    grep -qx "$m" "$T/lib/modules/load.order" && return 0
     ko="$(find "$MODDIR" -name "$m.ko*" | head -1)"
-    [ -n "$ko" ] || { echo "module $m not found in $MODDIR" >&2; exit 1; }
+    if [ -z "$ko" ]; then
+        grep -qE "^CONFIG_$(echo "$m" | tr a-z A-Z)=y" "$KDIR"/root/boot/config-* 2>/dev/null \
+            && return 0
+        echo "module $m not found in $MODDIR" >&2; exit 1
+    fi
     case "$ko" in
         *.xz)  xz -dc "$ko" > "$T/lib/modules/$m.ko" ;;
         *.zst) zstd -qdc "$ko" > "$T/lib/modules/$m.ko" ;;
         *.gz)  gzip -dc "$ko" > "$T/lib/modules/$m.ko" ;;
         *)     cp "$ko" "$T/lib/modules/$m.ko" ;;
     esac
-done
+    for dep in $(modinfo -F depends "$T/lib/modules/$m.ko" | tr ',' ' '); do
+        add_module "$dep"
+    done
+    echo "$m" >> "$T/lib/modules/load.order"
+}
+add_module virtio_pci
+add_module virtio_net
 
 # Dynamic binaries with their shared libraries (ldd), replacing busybox applets
 # of the same name where they exist.

@@ -1,0 +1,154 @@
+"""gsonet as a Xen netback (issue 12) on the nested Xen rig (guest-tests/xen/,
+harness/xen.py): `gsonet serve --xen-vif auto|domid=D,devid=N --uplink tap=xttap0`
+in dom0 (tap 10.99.0.1/24), xen-netback not loaded, PV domUs with xen-netfront and
+vif `script=vif-none`. A vif shows in `gsonet stats` as the port `vifD.N`.
+
+Each test is one boot of the rig running guest-tests/xen/scenarios/gsonet.sh with
+its switches; the dom0 script reports `RESULT` lines and `gsonet stats --json`
+snapshots, the counters are checked here. Skips when the gsonet under test has no
+`--xen-vif`.
+"""
+
+import pytest
+
+from harness import xen
+from harness.gsonet import counters_delta
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def xen_env():
+    reason = xen.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    if not xen.gsonet_has_xen():
+        pytest.skip("the gsonet under test has no `serve --xen-vif`")
+    xen.build_rig()
+
+
+def _boot(name: str, **env) -> xen.XenRun:
+    return xen.XenRig(f"gsonet-{name}", xen.scenario("gsonet", **env)).run()
+
+
+def _port(run: xen.XenRun, tag: str, name: str) -> dict:
+    """The counters of port or uplink ``name`` in the stats snapshot ``tag``."""
+    snap = run.stats.get(tag)
+    assert snap is not None, f"no stats snapshot {tag} (have {list(run.stats)}): {run.log_path}"
+    for group in snap.values():
+        if isinstance(group, list):
+            for entry in group:
+                # uplinks are named by their spec (tap=NAME)
+                if isinstance(entry, dict) and entry.get("name") in (name, f"tap={name}"):
+                    return entry.get("stats", entry)
+    raise AssertionError(f"no {name} in stats {tag}: {snap}")
+
+
+def _uplink(run: xen.XenRun, tag: str) -> dict:
+    return _port(run, tag, "xttap0")
+
+
+def _vif(run: xen.XenRun, tag: str, domid_key: str = "gsonet.domid1") -> dict:
+    return _port(run, tag, f"vif{run.results[domid_key]}.0")
+
+
+def _delta(run: xen.XenRun, before: str, after: str, which) -> dict:
+    return counters_delta(which(run, before), which(run, after))
+
+
+def test_domu_ping_iperf3(xen_env, record_measurement):
+    """A domU on `--xen-vif auto`: ping, iperf3 both ways; TSO frames cross intact
+    in both directions (the vif's netfront takes GSO: gso_passed on the vif; the
+    domU sends frames > 1514 bytes, passed intact to the tap)."""
+    run = _boot("basic", XT_SECONDS=3)
+    assert run.results["gsonet.ping"] == "ok", run.log_path
+    down = run.number("gsonet.dom0_to_domu_mbps")
+    up = run.number("gsonet.domu_to_dom0_mbps")
+    record_measurement("xen.gsonet.dom0_to_domu_mbps", down)
+    record_measurement("xen.gsonet.domu_to_dom0_mbps", up)
+    assert down > 0.1 and up > 0.1, run.results
+    to_vif = _delta(run, "start", "after_dom0_to_domu", _vif)
+    assert to_vif["gso_passed"] > 0, (to_vif, run.log_path)
+    assert to_vif["gso_segmented"] == 0, (to_vif, run.log_path)
+    to_tap = _delta(run, "after_dom0_to_domu", "after_domu_to_dom0", _uplink)
+    assert to_tap["gso_passed"] > 0, (to_tap, run.log_path)
+    assert _vif(run, "after_domu_to_dom0")["tx_max_frame"] > 1514
+
+
+@pytest.mark.full
+def test_domu_md5_64mib(xen_env):
+    """64 MiB of random data each way between dom0 and a domU, md5-checked."""
+    run = _boot("md5", XT_SECONDS=3, XT_MD5_MIB=64)
+    assert run.results.get("gsonet.md5_to_domu") == "ok", run.log_path
+    assert run.results.get("gsonet.md5_from_domu") == "ok", run.log_path
+
+
+@pytest.mark.full
+def test_domu_offload_toggles(xen_env, record_measurement):
+    """`ethtool -K eth0 tso off gso off`, then `sg off`, in the domU: data still
+    correct (md5 both ways) and no GSO frame from the domU reaches the tap; with
+    offloads on again, GSO frames come back."""
+    run = _boot("offloads", XT_SECONDS=3, XT_OFFLOADS=1)
+    r = run.results
+    assert r["gsonet.nooffload.tso"] == "off" and r["gsonet.nosg.sg"] == "off", r
+    for key in ("nooffload.md5_from_domu", "nooffload.md5_to_domu", "nosg.md5_from_domu",
+                "nosg.md5_to_domu"):
+        assert r.get(f"gsonet.{key}") == "ok", (key, run.log_path)
+    on = run.number("gsonet.domu_to_dom0_mbps")
+    off = run.number("gsonet.nooffload.domu_to_dom0_mbps")
+    record_measurement("xen.gsonet.domu_to_dom0_mbps", on)
+    record_measurement("xen.gsonet.nooffload.domu_to_dom0_mbps", off)
+    record_measurement("xen.gsonet.nosg.domu_to_dom0_mbps",
+                       run.number("gsonet.nosg.domu_to_dom0_mbps"))
+    tso_off = _delta(run, "before_tso_off", "after_tso_off", _uplink)
+    assert tso_off["gso_passed"] == 0 and tso_off["gso_segmented"] == 0, tso_off
+    sg_off = _delta(run, "after_tso_off", "after_sg_off", _uplink)
+    assert sg_off["gso_passed"] == 0 and sg_off["gso_segmented"] == 0, sg_off
+    again = _delta(run, "before_offloads_on_again", "after_offloads_on_again", _uplink)
+    assert again["gso_passed"] > 0, again
+
+
+@pytest.mark.full
+def test_domu_destroy_create_reboot(xen_env):
+    """`xl destroy` + `xl create` of a domU, then the domU reboots itself: gsonet
+    stays up, attaches the new vif each time (a new domid), traffic md5-checked."""
+    run = _boot("lifecycle", XT_SECONDS=2, XT_RECREATE=1, XT_REBOOT=1)
+    r = run.results
+    assert r["gsonet.recreated_domid"] != r["gsonet.domid1"], r
+    assert r["gsonet.reboot.domid"] != r["gsonet.recreated_domid"], r
+    for key in ("recreate.ping", "recreate.md5_to_domu", "recreate.md5_from_domu",
+                "reboot.ping", "reboot.md5_to_domu", "reboot.md5_from_domu"):
+        assert r.get(f"gsonet.{key}") == "ok", (key, run.log_path)
+    new_vif = _port(run, "after_reboot", f"vif{r['gsonet.reboot.domid']}.0")
+    assert new_vif["rx_frames"] > 0, new_vif
+
+
+@pytest.mark.full
+def test_two_domus_tso_intact(xen_env, record_measurement):
+    """Two domUs, each vif named by `--xen-vif domid=D,devid=0`: domU1 -> domU2 TSO
+    frames reach domU2 intact (gso_passed, never segmented); md5 domU1 -> domU2."""
+    run = _boot("two", XT_SECONDS=3, XT_DOMUS=2, XT_VIF="domid", XT_MD5_MIB=8)
+    record_measurement("xen.gsonet.domu_to_domu_mbps", run.number("gsonet.domu_to_domu_mbps"))
+    assert run.results["gsonet.domu2_feature_gso_tcpv4"] == "1", run.results
+    d = _delta(run, "before_domu_to_domu", "after_domu_to_domu",
+               lambda r, t: _vif(r, t, "gsonet.domid2"))
+    assert d["gso_passed"] > 0 and d["gso_segmented"] == 0, (d, run.log_path)
+    assert run.results.get("gsonet.md5_domu1_to_domu2") == "ok", run.log_path
+
+
+@pytest.mark.full
+def test_two_domus_receiver_without_gso(xen_env, record_measurement):
+    """domU2's netfront says feature-gso-tcpv4=0 (set before any backend read it):
+    gsonet segments domU1's TSO frames for it (gso_segmented > 0, none passed
+    intact), and they still arrive correct (md5); domU2 -> domU1 stays intact."""
+    run = _boot("nogso", XT_SECONDS=3, XT_DOMUS=2, XT_NOGSO2=1, XT_MD5_MIB=8)
+    assert run.results["gsonet.domu2_feature_gso_tcpv4"] == "0", run.results
+    record_measurement("xen.gsonet.domu_to_domu_nogso_mbps",
+                       run.number("gsonet.domu_to_domu_mbps"))
+    d = _delta(run, "before_domu_to_domu", "after_domu_to_domu",
+               lambda r, t: _vif(r, t, "gsonet.domid2"))
+    assert d["gso_segmented"] > 0 and d["gso_passed"] == 0, (d, run.log_path)
+    assert d["segments_out"] > d["gso_segmented"], d
+    back = _delta(run, "after_domu_to_domu", "after_domu2_to_domu1", _vif)
+    assert back["gso_passed"] > 0, (back, run.log_path)
+    assert run.results.get("gsonet.md5_domu1_to_domu2") == "ok", run.log_path
