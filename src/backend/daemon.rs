@@ -28,7 +28,8 @@ use super::uplink::Uplink;
 use super::vhost::backend::PortBackend;
 use super::vhost::port::Port;
 use super::vhost::relay;
-use crate::config::{Config, GroupSpec, SocketAccess, UplinkConfig, UplinkKind};
+use super::xen::{xenbus, VifPort};
+use crate::config::{Config, GroupSpec, SocketAccess, UplinkConfig, UplinkKind, XenVifTarget};
 use crate::ring::GuestMem;
 use crate::sys::cred::{group_id, peer_cred};
 use crate::sys::io::poll_readable;
@@ -358,10 +359,28 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         })
         .transpose()?;
     bound.0.clear();
+    // Xen vifs take the port slots after the vhost-user ports: one per `domid=`, `max`
+    // per `auto`, each disconnected until its netfront connects.
+    let mut vifs: Vec<(Arc<VifPort>, XenVifTarget)> = Vec::new();
+    for x in &cfg.xen_vifs {
+        let n = match x.target {
+            XenVifTarget::One { .. } => 1,
+            XenVifTarget::Auto { max } => max,
+        };
+        for k in 0..n {
+            let id = ports.len() + vifs.len();
+            let idle = match x.target {
+                XenVifTarget::One { domid, devid } => format!("vif{domid}.{devid}"),
+                XenVifTarget::Auto { .. } => format!("vif-auto{k}"),
+            };
+            vifs.push((Arc::new(VifPort::new(id, x.clone(), idle)), x.target));
+        }
+    }
     let switch = Arc::new(Switch::new(
         ports
             .iter()
             .map(|p| p.clone() as Arc<dyn SwitchPort>)
+            .chain(vifs.iter().map(|(v, _)| v.clone() as Arc<dyn SwitchPort>))
             .collect(),
         uplinks
             .iter()
@@ -385,12 +404,20 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
     for (i, p) in packets {
         reader::start(p, i, switch.clone()).map_err(DaemonError::Thread)?;
     }
+    let vif_ports: Vec<Arc<VifPort>> = vifs.iter().map(|(v, _)| v.clone()).collect();
+    if !vifs.is_empty() {
+        xenbus::start(vifs, switch.clone()).map_err(DaemonError::Thread)?;
+    }
     switch.caps_changed();
     for p in &ports {
         info!(port = %p.name(), mode = if p.cfg.client { "client" } else { "server" }, queues = p.cfg.queues, "port ready");
     }
     info!(control = %cfg.control.display(), "control socket ready");
-    let registry = Arc::new(control::Registry { ports, uplinks });
+    let registry = Arc::new(control::Registry {
+        ports,
+        uplinks,
+        vifs: vif_ports,
+    });
     if let (Some(l), Some(addr)) = (metrics_listener, cfg.metrics) {
         let r = registry.clone();
         thread::Builder::new()

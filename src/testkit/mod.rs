@@ -3,6 +3,7 @@
 
 pub mod frames;
 pub mod fuzz;
+pub mod fuzz_netif;
 pub mod fuzz_relay;
 pub mod fuzz_ring;
 pub mod fuzz_switch;

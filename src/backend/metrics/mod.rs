@@ -340,6 +340,7 @@ mod tests {
         let e = Arc::new(Endpoints {
             ports: vec![],
             uplinks: vec![],
+            vifs: vec![],
         });
         let text = render(&e).unwrap();
         // No endpoint, no series: the text format leaves such families out.
