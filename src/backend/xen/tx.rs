@@ -68,13 +68,23 @@ pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, switch: Arc<Switch>) {
         if n > 0 {
             let _ = w.conn.evt.unmask(&fired[..n]);
         }
+        let stats = &w.port.stats;
+        if fired[..n].contains(&w.conn.tx_port) {
+            stats.tx_kicks.fetch_add(1, Ordering::Relaxed);
+        }
         if fired[..n].contains(&w.conn.rx_port) {
+            stats.rx_kicks.fetch_add(1, Ordering::Relaxed);
             // The netfront added RX buffers: senders holding frames for it retry.
             w.switch.rx_space();
         }
         // The TX ring is looked at on every wake-up (and every 200 ms), so a
-        // lost or withheld event never strands a packet for long.
+        // lost or withheld event never strands a packet for long; `tx_polls`
+        // counts the packets found without an event.
+        let before = w.req_cons;
         w.drain();
+        if n == 0 && w.req_cons != before {
+            w.port.stats.tx_polls.fetch_add(1, Ordering::Relaxed);
+        }
         w.ctx.flush();
     }
 }
@@ -245,7 +255,10 @@ impl Worker {
         ring.full_fence();
         let event = ring.load(netif::RSP_EVENT);
         if new.wrapping_sub(event) < new.wrapping_sub(old) {
-            let _ = self.conn.evt.notify(self.conn.tx_port);
+            self.port.stats.tx_calls.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.conn.evt.notify(self.conn.tx_port) {
+                tracing::debug!(vif = %self.port.name(), "TX notify: {e}");
+            }
         }
     }
 }

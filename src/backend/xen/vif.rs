@@ -108,7 +108,10 @@ impl Conn {
             ring.full_fence();
             let event = ring.load(netif::RSP_EVENT);
             if new.wrapping_sub(event) < new.wrapping_sub(old) {
-                let _ = self.evt.notify(self.rx_port);
+                stats.rx_calls.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = self.evt.notify(self.rx_port) {
+                    debug!(dom = self.dom, "RX notify: {e}");
+                }
             }
         }
         staged.clear();
