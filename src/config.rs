@@ -37,7 +37,7 @@ pub enum ConfigError {
     Toml { path: String, err: String },
     #[error("two ports use the same socket {0}")]
     DuplicateSocket(String),
-    #[error("no --port given: gsonet needs at least one vhost-user port")]
+    #[error("no --port or --xen-vif given: gsonet needs at least one port")]
     NoPorts,
 }
 
@@ -600,6 +600,110 @@ impl UplinkConfig {
     }
 }
 
+/// Which vifs a `--xen-vif` serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XenVifTarget {
+    /// backend/vif/DOMID/DEVID.
+    One { domid: u16, devid: u32 },
+    /// Every vif that appears under backend/vif/, at most `max` at once.
+    Auto { max: usize },
+}
+
+/// A Xen netback vif (`--xen-vif`, TOML `[[xen_vif]]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XenVifConfig {
+    pub target: XenVifTarget,
+    pub mac: Option<Mac>,
+    /// Advertise and accept TCP segmentation (feature-gso-tcpv4/v6).
+    pub tso: bool,
+    /// Take and hand partial checksums (off: every checksum completed in gsonet).
+    pub csum: bool,
+}
+
+/// Most vifs `--xen-vif auto` serves at once, unless `max=` says otherwise.
+pub const XEN_AUTO_MAX: usize = 8;
+
+impl XenVifConfig {
+    pub const KEYS: &'static str = "domid (or auto), devid, max (auto only), mac, tso, csum";
+
+    /// Parses `domid=D[,devid=N][,mac=MAC][,tso=on|off][,csum=on|off]` or `auto[,max=N]`.
+    pub fn parse(s: &str) -> Result<XenVifConfig, ConfigError> {
+        Self::from_pairs(pairs(s))
+    }
+
+    fn from_pairs(kv: Vec<(String, String)>) -> Result<XenVifConfig, ConfigError> {
+        const W: &str = "--xen-vif";
+        let (mut domid, mut devid, mut max, mut auto) = (None, None, None, false);
+        let mut c = XenVifConfig {
+            target: XenVifTarget::Auto { max: XEN_AUTO_MAX },
+            mac: None,
+            tso: true,
+            csum: true,
+        };
+        for (k, v) in kv {
+            match k.as_str() {
+                "auto" => auto = v.is_empty() || on_off(W, &k, &v)?,
+                "domid" => domid = Some(number(W, &k, &v, 1u16, 0x7fef)?),
+                "devid" => devid = Some(number(W, &k, &v, 0u32, 65535)?),
+                "max" => max = Some(number(W, &k, &v, 1usize, 256)?),
+                "mac" => {
+                    let m: Mac = v.parse().map_err(|e| bad(W, &k, &v, e))?;
+                    if m.is_multicast() {
+                        return Err(bad(W, &k, &v, "a multicast address cannot be a vif's"));
+                    }
+                    c.mac = Some(m);
+                }
+                "tso" => c.tso = on_off(W, &k, &v)?,
+                "csum" => c.csum = on_off(W, &k, &v)?,
+                _ => {
+                    return Err(ConfigError::UnknownKey {
+                        what: W,
+                        key: k,
+                        known: Self::KEYS.into(),
+                    })
+                }
+            }
+        }
+        c.target = match (auto, domid) {
+            (true, Some(d)) => {
+                return Err(bad(
+                    W,
+                    "domid",
+                    &d.to_string(),
+                    "auto serves every domain; give one or the other",
+                ))
+            }
+            (true, None) => {
+                if devid.is_some() || c.mac.is_some() {
+                    return Err(bad(W, "auto", "", "auto takes max=, tso= and csum= only"));
+                }
+                XenVifTarget::Auto {
+                    max: max.unwrap_or(XEN_AUTO_MAX),
+                }
+            }
+            (false, Some(domid)) => {
+                if let Some(m) = max {
+                    return Err(bad(W, "max", &m.to_string(), "only auto has a maximum"));
+                }
+                XenVifTarget::One {
+                    domid,
+                    devid: devid.unwrap_or(0),
+                }
+            }
+            (false, None) => {
+                return Err(ConfigError::Missing {
+                    what: W,
+                    key: "domid (or auto)",
+                })
+            }
+        };
+        if !c.csum {
+            c.tso = false;
+        }
+        Ok(c)
+    }
+}
+
 /// The whole daemon configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -613,6 +717,8 @@ pub struct Config {
     pub metrics: Option<std::net::SocketAddr>,
     /// The `--config` file this came from, if any: a reload reads it again.
     pub file: Option<FileOrigin>,
+    /// Xen netback vifs (`--xen-vif`, `[[xen_vif]]`).
+    pub xen_vifs: Vec<XenVifConfig>,
 }
 
 /// Where a configuration's file part came from: its first `ports` ports and first
@@ -650,6 +756,8 @@ struct FileConfig {
     port: Vec<BTreeMap<String, toml::Value>>,
     #[serde(default)]
     uplink: Vec<BTreeMap<String, toml::Value>>,
+    #[serde(default)]
+    xen_vif: Vec<BTreeMap<String, toml::Value>>,
 }
 
 /// A TOML value as the command line would spell it. A mode written as a TOML integer
@@ -737,6 +845,11 @@ impl Config {
             .into_iter()
             .map(|t| UplinkConfig::from_pairs(toml_pairs(t)))
             .collect::<Result<_, _>>()?;
+        let xen_vifs = f
+            .xen_vif
+            .into_iter()
+            .map(|t| XenVifConfig::from_pairs(toml_pairs(t)))
+            .collect::<Result<_, _>>()?;
         let mode = f.control_mode.map(|v| toml_text("control_mode", v));
         let group = f.control_group.map(|v| toml_text("control_group", v));
         Ok(Config {
@@ -755,12 +868,13 @@ impl Config {
             mac_aging_secs: f.mac_aging.unwrap_or(300),
             metrics: f.metrics.as_deref().map(parse_metrics_addr).transpose()?,
             file: None,
+            xen_vifs,
         })
     }
 
     /// Checks what only the whole configuration can tell.
     pub fn check(&self) -> Result<(), ConfigError> {
-        if self.ports.is_empty() {
+        if self.ports.is_empty() && self.xen_vifs.is_empty() {
             return Err(ConfigError::NoPorts);
         }
         let mut seen = std::collections::HashSet::new();
@@ -1147,5 +1261,37 @@ mod tests {
         }
         let err = parse_metrics_addr("9477").unwrap_err();
         assert!(err.to_string().contains("ADDR:PORT"), "{err}");
+    }
+
+    #[test]
+    fn xen_vif_specs() {
+        let one = XenVifConfig::parse("domid=3,devid=1,mac=00:16:3e:00:00:05,tso=off").unwrap();
+        assert_eq!(one.target, XenVifTarget::One { domid: 3, devid: 1 });
+        assert!(!one.tso && one.csum && one.mac.is_some());
+        let auto = XenVifConfig::parse("auto,max=2").unwrap();
+        assert_eq!(auto.target, XenVifTarget::Auto { max: 2 });
+        assert_eq!(
+            XenVifConfig::parse("auto").unwrap().target,
+            XenVifTarget::Auto { max: XEN_AUTO_MAX }
+        );
+        // csum=off takes TSO with it.
+        assert!(!XenVifConfig::parse("domid=1,csum=off").unwrap().tso);
+        for bad in [
+            "",
+            "devid=1",
+            "auto,domid=2",
+            "domid=1,max=3",
+            "auto,mac=00:16:3e:00:00:05",
+            "domid=0",
+            "domid=1,mac=01:00:5e:00:00:01",
+            "domid=1,color=red",
+            "auto,max=0",
+        ] {
+            assert!(XenVifConfig::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        let c = Config::from_toml("[[xen_vif]]\ndomid = 4\ntso = false\n").unwrap();
+        assert_eq!(c.xen_vifs.len(), 1);
+        assert!(!c.xen_vifs[0].tso);
+        c.check().unwrap();
     }
 }

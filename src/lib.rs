@@ -17,6 +17,7 @@ pub mod config;
 pub mod features;
 pub mod frame;
 pub mod l2;
+pub mod netif;
 pub mod ring;
 pub mod segment;
 pub mod stats;

@@ -177,6 +177,12 @@ struct ServeArgs {
     /// sending over it is held). Bytes on the wire, a GSO frame as its segments.
     #[arg(long = "uplink", value_name = "SPEC")]
     uplinks: Vec<String>,
+    /// A Xen netback vif, served from dom0 (docs/xen.md): domid=D[,devid=N][,mac=MAC]
+    /// [,tso=on|off][,csum=on|off] serves backend/vif/D/N; auto[,max=N] attaches every
+    /// vif that appears under backend/vif/ (at most N at once, default 8). The domU's vif
+    /// uses script=vif-none, with the kernel's xen-netback not loaded.
+    #[arg(long = "xen-vif", value_name = "SPEC")]
+    xen_vifs: Vec<String>,
     /// A TOML file with [[port]] and [[uplink]] tables (same keys as above), `control`,
     /// `control_mode`, `control_group` and `mac_aging`; --port/--uplink add to it.
     #[arg(long, value_name = "FILE")]
@@ -202,6 +208,7 @@ fn serve(args: ServeArgs) -> Result<(), (u8, String)> {
     let ServeArgs {
         ports,
         uplinks,
+        xen_vifs,
         config,
         control,
         control_mode,
@@ -218,6 +225,10 @@ fn serve(args: ServeArgs) -> Result<(), (u8, String)> {
     }
     for u in &uplinks {
         cfg.uplinks.push(UplinkConfig::parse(u).map_err(cfg_err)?);
+    }
+    for x in &xen_vifs {
+        cfg.xen_vifs
+            .push(gsonet::config::XenVifConfig::parse(x).map_err(cfg_err)?);
     }
     if let Some(c) = control {
         cfg.control = c;

@@ -32,7 +32,10 @@ use super::uplink::Uplink;
 use super::vhost::backend::PortBackend;
 use super::vhost::port::Port;
 use super::vhost::relay;
-use crate::config::{Config, GroupSpec, PortConfig, SocketAccess, UplinkConfig, UplinkKind};
+use super::xen::{xenbus, VifPort};
+use crate::config::{
+    Config, GroupSpec, PortConfig, SocketAccess, UplinkConfig, UplinkKind, XenVifTarget,
+};
 use crate::ring::GuestMem;
 use crate::sys::cred::{group_id, peer_cred};
 use crate::sys::io::poll_readable;
@@ -1034,10 +1037,28 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
     drop(activated);
     bound.0.clear();
     let uplinks: Vec<Arc<dyn Uplink>> = opened.iter().map(Opened::uplink).collect();
+    // Xen vifs take the port slots after the vhost-user ports: one per `domid=`, `max`
+    // per `auto`, each disconnected until its netfront connects.
+    let mut vifs: Vec<(Arc<VifPort>, XenVifTarget)> = Vec::new();
+    for x in &cfg.xen_vifs {
+        let n = match x.target {
+            XenVifTarget::One { .. } => 1,
+            XenVifTarget::Auto { max } => max,
+        };
+        for k in 0..n {
+            let id = ports.len() + vifs.len();
+            let idle = match x.target {
+                XenVifTarget::One { domid, devid } => format!("vif{domid}.{devid}"),
+                XenVifTarget::Auto { .. } => format!("vif-auto{k}"),
+            };
+            vifs.push((Arc::new(VifPort::new(id, x.clone(), idle)), x.target));
+        }
+    }
     let switch = Arc::new(Switch::new(
         ports
             .iter()
             .map(|p| p.clone() as Arc<dyn SwitchPort>)
+            .chain(vifs.iter().map(|(v, _)| v.clone() as Arc<dyn SwitchPort>))
             .collect(),
         uplinks
             .iter()
@@ -1049,7 +1070,8 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
     let mut st = State {
         ports: Vec::new(),
         uplinks: Vec::new(),
-        next_port: ports.len(),
+        // The vifs' slots follow the ports': a port added later gets an id past them.
+        next_port: ports.len() + vifs.len(),
         next_uplink: uplinks.len(),
         file_globals: cfg
             .file
@@ -1079,6 +1101,10 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
             from_file: i < file_uplinks,
         });
     }
+    let vif_ports: Vec<Arc<VifPort>> = vifs.iter().map(|(v, _)| v.clone()).collect();
+    if !vifs.is_empty() {
+        xenbus::start(vifs, switch.clone()).map_err(DaemonError::Thread)?;
+    }
     switch.caps_changed();
     for p in &ports {
         info!(port = %p.name(), mode = if p.cfg.client { "client" } else { "server" }, queues = p.cfg.queues, "port ready");
@@ -1087,6 +1113,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
     let members = Arc::new(RwLock::new(Members {
         ports,
         uplinks: uplinks.into_iter().enumerate().collect(),
+        vifs: vif_ports,
     }));
     let metrics_addr = cfg.metrics;
     let runtime = Arc::new(Runtime {

@@ -1,9 +1,9 @@
 //! The daemon: vhost-user ports (`vhost`), the switch between them (`switch`),
-//! uplinks (`uplink`), the control socket (`control`), Prometheus metrics
-//! (`metrics`), `lifecycle` (sockets from systemd, the clean stop), and `daemon`,
-//! which wires them up from a `Config` and serves until stopped.
+//! Xen netback vifs (`xen`), uplinks (`uplink`), the control socket (`control`),
+//! Prometheus metrics (`metrics`), `lifecycle` (sockets from systemd, the clean
+//! stop), and `daemon`, which wires them up from a `Config` and serves until stopped.
 //!
-//! The rooms import downwards only: `daemon` -> `control` -> `vhost`, `uplink` ->
+//! The rooms import downwards only: `daemon` -> `control` -> `vhost`, `xen`, `uplink` ->
 //! `switch`. The switch knows ports and uplinks through its own traits.
 
 pub mod control;
@@ -15,5 +15,6 @@ pub mod socket;
 pub mod switch;
 pub mod uplink;
 pub mod vhost;
+pub mod xen;
 
 pub use daemon::{run, DaemonError};

@@ -158,6 +158,21 @@ drop_reasons! {
     UplinkDown = "uplink_down",
     /// Any other write error.
     UplinkError = "uplink_error",
+    // Xen netfronts (backend::xen): slots a netfront's TX ring holds, and grant copies.
+    /// A netfront's TX packet spread over more than 18 data slots (XEN_NETIF_NR_SLOTS_MIN).
+    XenTooManySlots = "xen_too_many_slots",
+    /// A netfront's TX slots do not add up: the later slots hold more than the packet's size, or a slot runs past its page.
+    XenSlotsMismatch = "xen_slots_mismatch",
+    /// A netfront's TX extra-info slot of an unknown type, or a second GSO extra on one packet.
+    XenBadExtra = "xen_bad_extra",
+    /// A netfront's GSO extra with a type other than TCPv4 or TCPv6.
+    XenBadGsoType = "xen_bad_gso_type",
+    /// A netfront's GSO packet without NETTXF_csum_blank: a GSO packet must leave its checksum to the backend.
+    XenGsoWithoutCsumBlank = "xen_gso_without_csum_blank",
+    /// A grant copy to or from the netfront failed (a bad grant reference, or a grant it does not give).
+    XenBadGrant = "xen_bad_grant",
+    /// A netfront's ring index jumped more than a ring ahead, or a packet never ended within the ring: the vif stops until the netfront reconnects.
+    XenRingBroken = "xen_ring_broken",
 }
 
 impl DropReason {

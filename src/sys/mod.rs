@@ -18,6 +18,7 @@ pub mod scm;
 pub mod sock;
 pub mod timer;
 pub mod tun;
+pub mod xen;
 
 use std::io::Error;
 

@@ -34,6 +34,7 @@ macro_rules! fuzz_target_tests {
 
 pub mod frames;
 pub mod fuzz;
+pub mod fuzz_netif;
 pub mod fuzz_relay;
 pub mod fuzz_ring;
 pub mod fuzz_switch;

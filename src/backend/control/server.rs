@@ -16,6 +16,7 @@ use super::protocol::{Applied, PortReport, Reply, Request, StatsReport, UplinkRe
 use crate::backend::ratelimit::LogLimit;
 use crate::backend::uplink::Uplink;
 use crate::backend::vhost::port::Port;
+use crate::backend::xen::VifPort;
 use crate::config::{
     parse_max_burst, parse_on_off, parse_rate, RateLimit, BURST_KB_MAX, MAX_RX_COALESCE_FRAMES,
     MAX_RX_COALESCE_USECS,
@@ -26,6 +27,8 @@ use crate::config::{
 pub struct Members {
     pub ports: Vec<Arc<Port>>,
     pub uplinks: Vec<(usize, Arc<dyn Uplink>)>,
+    /// Xen vifs (`vifD.N`), reported as ports after the vhost-user ones.
+    pub vifs: Vec<Arc<VifPort>>,
 }
 
 /// Adding and removing ports and uplinks, and reloading the configuration file: the
@@ -50,6 +53,7 @@ impl Registry {
             members: Arc::new(RwLock::new(Members {
                 ports,
                 uplinks: uplinks.into_iter().enumerate().collect(),
+                vifs: Vec::new(),
             })),
             lifecycle: None,
         }
@@ -84,6 +88,7 @@ pub fn report(reg: &Registry) -> StatsReport {
                     stats: p.stats.snapshot(),
                 }
             })
+            .chain(r.vifs.iter().map(vif_report))
             .collect(),
         uplinks: r
             .uplinks
@@ -95,6 +100,22 @@ pub fn report(reg: &Registry) -> StatsReport {
                 stats: u.counters().snapshot(),
             })
             .collect(),
+    }
+}
+
+fn vif_report(v: &Arc<VifPort>) -> PortReport {
+    use crate::backend::switch::SwitchPort;
+    let rx = v.rx_caps();
+    PortReport {
+        id: v.id,
+        name: v.name(),
+        connected: v.is_connected(),
+        guest_rx: rx,
+        guest_tx: rx.map(|_| v.tx_caps()),
+        mrg_rxbuf: None,
+        max_burst: None,
+        vlan: None,
+        stats: v.stats.snapshot(),
     }
 }
 

@@ -1,0 +1,20 @@
+//! The Xen device files a userspace netback needs in dom0: grant copies and ring
+//! mappings (`gntdev`), interdomain event channels (`evtchn`), and the xenstore wire
+//! protocol (`xenstore`).
+
+pub mod evtchn;
+pub mod gntdev;
+pub mod xenstore;
+
+/// A Xen domain id.
+pub type DomId = u16;
+/// A grant reference.
+pub type GrantRef = u32;
+/// Size of a Xen page: one grant, one ring.
+pub const PAGE_SIZE: usize = 4096;
+
+/// An ioctl number with no direction bits (`_IOC(_IOC_NONE, ty, nr, size)`), as the
+/// Xen device headers define theirs.
+const fn ioc_none(ty: u8, nr: u8, size: usize) -> libc::c_ulong {
+    ((size as libc::c_ulong) << 16) | ((ty as libc::c_ulong) << 8) | nr as libc::c_ulong
+}
