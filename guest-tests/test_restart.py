@@ -228,7 +228,7 @@ def _run_server_mode(guest_env, tmp_path_factory, record, *, sig: int, key: str,
     tap = f"gsrs{os.getpid() % 10000}{n % 100}"
     work = tmp_path_factory.mktemp(key.replace(".", "-"))
     sock = str(work / "vm.sock")
-    gs = Gsonet([f"socket={sock}"], [f"tap={tap}"], workdir=work, name=f"{key}-0")
+    gs = Gsonet([f"socket={sock}"], [f"tap={tap},persist=on"], workdir=work, name=f"{key}-0")
     g = ping = None
     outages: list[float] = []
     try:
@@ -324,7 +324,7 @@ def test_sigkill_client_mode(guest_env, tmp_path_factory, record_measurement):
     sock = str(work / "qemu.sock")
     g = Guest("restart-client", vhost_user_netdev(sock, server=True),
               ip=f"{net['guest_ip']}/24")
-    gs = Gsonet([f"socket={sock},client"], [f"tap={tap}"], workdir=work,
+    gs = Gsonet([f"socket={sock},client"], [f"tap={tap},persist=on"], workdir=work,
                 name="restart.client-0")
     ping = None
     outages = []
@@ -371,7 +371,7 @@ def test_clean_stop_removes_sockets_and_keeps_the_tap(guest_env, tmp_path_factor
     tap = f"gsrt{os.getpid() % 10000}{n % 100}"
     work = tmp_path_factory.mktemp("restart-stop")
     socks = [work / "a.sock", work / "b.sock"]
-    gs = Gsonet([f"socket={s}" for s in socks], [f"tap={tap}"], workdir=work,
+    gs = Gsonet([f"socket={s}" for s in socks], [f"tap={tap},persist=on"], workdir=work,
                 name="restart-stop-0")
     try:
         gs.start()

@@ -54,6 +54,10 @@ class Gsonet:
         for p in self.ports:
             cmd += ["--port", p]
         for u in self.uplinks:
+            # A test's tap goes with its gsonet unless the test asks for persistence
+            # (gsonet keeps taps by default, for restarts).
+            if u.startswith("tap=") and "persist=" not in u:
+                u += ",persist=off"
             cmd += ["--uplink", u]
         return cmd + ["--control", str(self.control)] + self.extra
 
