@@ -260,6 +260,30 @@ pub enum MemberError {
     Reused(Endpoint),
 }
 
+/// Whether `e` may join `cur`: not there already, its id above every id given
+/// before (`next`, moved past it), and its kind not `full`.
+fn claim(
+    cur: &Topology,
+    e: Endpoint,
+    next: &mut usize,
+    full: Option<MemberError>,
+) -> Result<(), MemberError> {
+    let id = match e {
+        Endpoint::Port(i) | Endpoint::Uplink(i) => i,
+    };
+    if cur.has(e) {
+        return Err(MemberError::Taken(e));
+    }
+    if id < *next {
+        return Err(MemberError::Reused(e));
+    }
+    if let Some(full) = full {
+        return Err(full);
+    }
+    *next = id + 1;
+    Ok(())
+}
+
 /// The switch. Endpoint ids are never reused within one process: a frame routed or
 /// held for a port that is gone names an id nothing else will ever have, so it is
 /// dropped, never delivered to a newcomer (the id is its own generation).
@@ -374,16 +398,8 @@ impl Switch {
         let mut next = self.change.lock().unwrap_or_else(|e| e.into_inner());
         let cur = self.topo.load_full();
         let e = Endpoint::Port(id);
-        if cur.has(e) {
-            return Err(MemberError::Taken(e));
-        }
-        if id < next.0 {
-            return Err(MemberError::Reused(e));
-        }
-        if cur.ports.len() >= MAX_PORTS {
-            return Err(MemberError::TooManyPorts(MAX_PORTS));
-        }
-        next.0 = id + 1;
+        let full = (cur.ports.len() >= MAX_PORTS).then_some(MemberError::TooManyPorts(MAX_PORTS));
+        claim(&cur, e, &mut next.0, full)?;
         let role = PortRole::of(port.as_ref());
         let mac = role.mac;
         self.fdb
@@ -432,16 +448,9 @@ impl Switch {
         let mut next = self.change.lock().unwrap_or_else(|e| e.into_inner());
         let cur = self.topo.load_full();
         let e = Endpoint::Uplink(id);
-        if cur.has(e) {
-            return Err(MemberError::Taken(e));
-        }
-        if id < next.1 {
-            return Err(MemberError::Reused(e));
-        }
-        if cur.uplinks.len() >= MAX_UPLINKS {
-            return Err(MemberError::TooManyUplinks(MAX_UPLINKS));
-        }
-        next.1 = id + 1;
+        let full =
+            (cur.uplinks.len() >= MAX_UPLINKS).then_some(MemberError::TooManyUplinks(MAX_UPLINKS));
+        claim(&cur, e, &mut next.1, full)?;
         let union = cur
             .ports
             .iter()
