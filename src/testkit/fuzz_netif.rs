@@ -131,27 +131,4 @@ pub fn seeds() -> Vec<Vec<u8>> {
     ]
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testkit::replay;
-
-    #[test]
-    fn fuzz_netif_corpus_replays() {
-        replay("netif", fuzz_one, 5);
-    }
-
-    #[test]
-    fn seeds_pass() {
-        for s in seeds() {
-            fuzz_one(&s);
-        }
-    }
-
-    /// `cargo test --lib write_netif_fuzz_seeds -- --ignored`.
-    #[test]
-    #[ignore]
-    fn write_netif_fuzz_seeds() {
-        crate::testkit::write_seeds("netif", &seeds());
-    }
-}
+fuzz_target_tests!("netif", 5);
