@@ -37,9 +37,9 @@ from harness.gsonet import Gsonet
 from harness.guest import Guest
 from harness.hostnet import alloc_subnet, delete_link, set_addr
 from harness.iperf import iperf3_guest_server
-from harness.process import HarnessError, stop
+from harness.process import HarnessError
 from harness.qemu import mac_for, vhost_user_netdev
-from harness.transfer import MIB
+from harness.transfer import MIB, OneShotServer
 
 ETH_P_ALL = 0x0003
 SO_TIMESTAMPNS = 35
@@ -94,44 +94,6 @@ class Qmp:
             self.sock.close()
         except OSError:
             pass
-
-
-class PacedServer:
-    """Serves ``payload`` to the first client in 64 KiB pieces every ``gap`` seconds,
-    so that the guest is still writing the file while it migrates."""
-
-    def __init__(self, bind: str, payload: bytes, gap: float):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((bind, 0))
-        self.sock.listen(1)
-        self.sock.settimeout(300)
-        self.port = self.sock.getsockname()[1]
-        self.payload, self.gap = payload, gap
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        try:
-            conn, _ = self.sock.accept()
-            conn.settimeout(300)
-            with conn:
-                for i in range(0, len(self.payload), 65536):
-                    conn.sendall(self.payload[i:i + 65536])
-                    time.sleep(self.gap)
-                conn.shutdown(socket.SHUT_WR)
-                while conn.recv(65536):
-                    pass
-        except BaseException as e:  # noqa: BLE001 - reported by join
-            self.error = e
-        finally:
-            self.sock.close()
-
-    def join(self, timeout: float) -> None:
-        self.thread.join(timeout)
-        if self.thread.is_alive() or self.error:
-            raise HarnessError(f"paced server: {self.error or 'still sending'}")
 
 
 class MigGuest(Guest):
@@ -236,7 +198,7 @@ def _migrate(tmp: Path, record_measurement, device_props: dict | None, tag: str)
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # 16 MiB over about 20 s: written in the guest before, during and after.
         payload = os.urandom(16 * MIB)
-        srv = PacedServer(host_ip, payload, gap=0.08)
+        srv = OneShotServer(host_ip, payload, gap=0.08)
         src.run_ok(f"rm -f /tmp/mig.bin /tmp/mig.done; setsid sh -c 'nc {host_ip} {srv.port} "
                    f"</dev/null > /tmp/mig.bin; touch /tmp/mig.done' >/dev/null 2>&1 &")
         time.sleep(3)

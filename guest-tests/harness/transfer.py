@@ -15,11 +15,14 @@ from .process import HarnessError
 MIB = 1048576
 
 
-class _OneShotServer:
+class OneShotServer:
     """Accepts one TCP connection on (bind, port 0); either receives until EOF
-    (recording md5 and length) or sends ``payload`` and closes."""
+    (recording md5 and length) or sends ``payload`` and closes. ``gap`` > 0 sends
+    the payload in 64 KiB pieces that many seconds apart (a transfer that is still
+    running while something else happens, e.g. a migration)."""
 
-    def __init__(self, bind: str, payload: bytes | None = None, timeout: float = 300):
+    def __init__(self, bind: str, payload: bytes | None = None, timeout: float = 300,
+                 gap: float = 0.0):
         fam = socket.AF_INET6 if ":" in bind else socket.AF_INET
         self.sock = socket.socket(fam, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -28,6 +31,7 @@ class _OneShotServer:
         self.sock.settimeout(timeout)
         self.port = self.sock.getsockname()[1]
         self.payload = payload
+        self.gap = gap
         self.md5 = None
         self.length = 0
         self.error: BaseException | None = None
@@ -46,7 +50,11 @@ class _OneShotServer:
                         self.length += len(b)
                     self.md5 = h.hexdigest()
                 else:
-                    conn.sendall(self.payload)
+                    step = 65536 if self.gap > 0 else max(len(self.payload), 1)
+                    for i in range(0, len(self.payload), step):
+                        conn.sendall(self.payload[i:i + step])
+                        if self.gap > 0:
+                            time.sleep(self.gap)
                     conn.shutdown(socket.SHUT_WR)
                     while conn.recv(65536):  # wait for the peer to close
                         pass
@@ -83,7 +91,7 @@ def transfer_guest_to_host(guest: Guest, host_ip: str, mib: int = 32,
     Returns {"ok", "guest_md5", "host_md5", "bytes", "seconds"}."""
     path = "/tmp/xfer.out"
     gmd5 = _random_file(guest, path, mib, timeout)
-    srv = _OneShotServer(host_ip, None, timeout=timeout)
+    srv = OneShotServer(host_ip, None, timeout=timeout)
     t0 = time.monotonic()
     guest.run_ok(f"nc {host_ip} {srv.port} < {path}", timeout=timeout)
     srv.join(timeout=30)
@@ -100,7 +108,7 @@ def transfer_host_to_guest(guest: Guest, host_ip: str, mib: int = 32,
     path = "/tmp/xfer.in"
     payload = os.urandom(mib * MIB)
     hmd5 = hashlib.md5(payload).hexdigest()
-    srv = _OneShotServer(host_ip, payload, timeout=timeout)
+    srv = OneShotServer(host_ip, payload, timeout=timeout)
     t0 = time.monotonic()
     guest.run_ok(f"nc {host_ip} {srv.port} </dev/null > {path}", timeout=timeout)
     srv.join(timeout=30)
