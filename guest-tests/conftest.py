@@ -90,6 +90,17 @@ def guest_env():
         paths.build_image()
 
 
+@pytest.fixture(scope="session")
+def xen_env():
+    """The nested Xen rig (guest-tests/xen/), built if it is not; skips where it
+    cannot run."""
+    from harness import xen
+    reason = xen.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    xen.build_rig()
+
+
 @pytest.fixture(scope="module")
 def tap_guest(guest_env):
     """A guest on QEMU's built-in virtio-net + a host tap with 10.77.N.1/24 and

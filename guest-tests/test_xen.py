@@ -18,13 +18,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def xen_env():
-    reason = xen.skip_reason()
-    if reason:
-        pytest.skip(reason)
+def xen_gsonet(xen_env):
+    """The rig, with a gsonet under test that serves Xen vifs."""
     if not xen.gsonet_has_xen():
         pytest.skip("the gsonet under test has no `serve --xen-vif`")
-    xen.build_rig()
 
 
 def _boot(name: str, **env) -> xen.XenRun:
@@ -56,7 +53,7 @@ def _delta(run: xen.XenRun, before: str, after: str, which) -> dict:
     return counters_delta(which(run, before), which(run, after))
 
 
-def test_domu_ping_iperf3(xen_env, record_measurement):
+def test_domu_ping_iperf3(xen_gsonet, record_measurement):
     """A domU on `--xen-vif auto`: ping, iperf3 both ways; TSO frames cross intact
     in both directions (the vif's netfront takes GSO: gso_passed on the vif; the
     domU sends frames > 1514 bytes, passed intact to the tap)."""
@@ -76,7 +73,7 @@ def test_domu_ping_iperf3(xen_env, record_measurement):
 
 
 @pytest.mark.full
-def test_domu_md5_64mib(xen_env):
+def test_domu_md5_64mib(xen_gsonet):
     """64 MiB of random data each way between dom0 and a domU, md5-checked."""
     run = _boot("md5", XT_SECONDS=3, XT_MD5_MIB=64)
     assert run.results.get("gsonet.md5_to_domu") == "ok", run.log_path
@@ -84,7 +81,7 @@ def test_domu_md5_64mib(xen_env):
 
 
 @pytest.mark.full
-def test_domu_offload_toggles(xen_env, record_measurement):
+def test_domu_offload_toggles(xen_gsonet, record_measurement):
     """`ethtool -K eth0 tso off gso off`, then `sg off`, in the domU: data still
     correct (md5 both ways) and no GSO frame from the domU reaches the tap; with
     offloads on again, GSO frames come back."""
@@ -109,7 +106,7 @@ def test_domu_offload_toggles(xen_env, record_measurement):
 
 
 @pytest.mark.full
-def test_domu_destroy_create_reboot(xen_env):
+def test_domu_destroy_create_reboot(xen_gsonet):
     """`xl destroy` + `xl create` of a domU, then the domU reboots itself: gsonet
     stays up, attaches the new vif each time (a new domid), traffic md5-checked."""
     run = _boot("lifecycle", XT_SECONDS=2, XT_RECREATE=1, XT_REBOOT=1)
@@ -124,7 +121,7 @@ def test_domu_destroy_create_reboot(xen_env):
 
 
 @pytest.mark.full
-def test_two_domus_tso_intact(xen_env, record_measurement):
+def test_two_domus_tso_intact(xen_gsonet, record_measurement):
     """Two domUs, each vif named by `--xen-vif domid=D,devid=0`: domU1 -> domU2 TSO
     frames reach domU2 intact (gso_passed, never segmented); md5 domU1 -> domU2."""
     run = _boot("two", XT_SECONDS=3, XT_DOMUS=2, XT_VIF="domid", XT_MD5_MIB=8)
@@ -137,7 +134,7 @@ def test_two_domus_tso_intact(xen_env, record_measurement):
 
 
 @pytest.mark.full
-def test_two_domus_receiver_without_gso(xen_env, record_measurement):
+def test_two_domus_receiver_without_gso(xen_gsonet, record_measurement):
     """domU2's netfront says feature-gso-tcpv4=0 (set before any backend read it):
     gsonet segments domU1's TSO frames for it (gso_segmented > 0, none passed
     intact), and they still arrive correct (md5); domU2 -> domU1 stays intact."""

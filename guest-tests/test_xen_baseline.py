@@ -14,14 +14,6 @@ from harness import xen
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def xen_env():
-    reason = xen.skip_reason()
-    if reason:
-        pytest.skip(reason)
-    xen.build_rig()
-
-
 def _record_all(run, record, prefix):
     for key, value in run.results.items():
         if key.startswith(prefix) and key.endswith("_mbps"):
