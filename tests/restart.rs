@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::daemon::{bin, tun_available, unique_tag, unique_tap_name};
+use common::daemon::{bin, systemd_verify, tun_available, unique_tag, unique_tap_name};
 
 const T: Duration = Duration::from_secs(15);
 
@@ -436,33 +436,13 @@ fn the_socket_unit_passes_systemd_analyze_verify_and_lists_the_example_ports() {
         listed, ports,
         "gsonet.socket lists the example's port sockets"
     );
-    if Command::new("systemd-analyze")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIPPED: systemd-analyze not installed");
-        return;
-    }
     let service = std::fs::read_to_string(root.join("contrib/systemd/gsonet.service")).unwrap();
-    let d = dir(&unique_tag());
-    std::fs::write(
-        d.join("gsonet.service"),
-        service.replace("/usr/local/bin/gsonet", bin()),
-    )
-    .unwrap();
-    std::fs::write(d.join("gsonet.socket"), socket).unwrap();
-    let out = Command::new("systemd-analyze")
-        .args(["verify", "--man=no"])
-        .arg(d.join("gsonet.socket"))
-        .arg(d.join("gsonet.service"))
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&d);
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success() && said.trim().is_empty(), "{said}");
+    let units = [
+        ("gsonet.socket", socket.as_str()),
+        ("gsonet.service", &service),
+    ];
+    let Some((ok, said)) = systemd_verify(&units) else {
+        return;
+    };
+    assert!(ok && said.trim().is_empty(), "{said}");
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::daemon::{bin, unique_tag};
+use common::daemon::{bin, systemd_verify, unique_tag};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -122,35 +122,12 @@ fn a_failed_start_never_says_ready() {
 
 #[test]
 fn the_unit_passes_systemd_analyze_verify() {
-    if Command::new("systemd-analyze")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIPPED: systemd-analyze not installed");
-        return;
-    }
-    // verify wants ExecStart's binary to exist: point it at the one cargo built.
     let unit = std::fs::read_to_string(root().join("contrib/systemd/gsonet.service")).unwrap();
     assert!(unit.contains("ExecStart=/usr/local/bin/gsonet serve --config /etc/gsonet.toml"));
-    let dir = std::env::temp_dir().join(format!("gsonet-sd-{}", unique_tag()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("gsonet.service");
-    std::fs::write(&path, unit.replace("/usr/local/bin/gsonet", bin())).unwrap();
-    // --man=no: the man page is built by `make man`, not installed here.
-    let out = Command::new("systemd-analyze")
-        .args(["verify", "--man=no"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // It warns and goes on ("ignoring") for unknown settings: any word is a failure.
-    assert!(out.status.success() && said.trim().is_empty(), "{said}");
+    let Some((ok, said)) = systemd_verify(&[("gsonet.service", &unit)]) else {
+        return;
+    };
+    assert!(ok && said.trim().is_empty(), "{said}");
 }
 
 #[test]

@@ -352,3 +352,37 @@ pub fn cpu_time(pid: u32) -> Result<Duration> {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     Ok(Duration::from_millis(ticks * 1000 / hz))
 }
+
+/// `systemd-analyze verify --man=no` of `units` (name, text) written into a fresh
+/// directory, with the unit's `/usr/local/bin/gsonet` pointed at the binary cargo
+/// built (verify wants ExecStart's binary to exist). `None` where systemd-analyze is
+/// not installed; else whether it passed and everything it said (it warns and goes on
+/// for unknown settings, so any word is a finding).
+pub fn systemd_verify(units: &[(&str, &str)]) -> Option<(bool, String)> {
+    if std::process::Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: systemd-analyze not installed");
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("gsonet-sd-{}", unique_tag()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cmd = std::process::Command::new("systemd-analyze");
+    // --man=no: the man page is built by `make man`, not installed here.
+    cmd.args(["verify", "--man=no"]);
+    for (name, text) in units {
+        let path = dir.join(name);
+        std::fs::write(&path, text.replace("/usr/local/bin/gsonet", bin())).unwrap();
+        cmd.arg(path);
+    }
+    let out = cmd.output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some((out.status.success(), said))
+}
