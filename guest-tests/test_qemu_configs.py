@@ -40,7 +40,8 @@ def _guest(name: str, host: int, sock, serial: str = "stdio", props=None, **kw) 
 
 
 def _gsonet(ports: list[str], uplinks: list[str], work) -> list[str]:
-    return Gsonet(ports, uplinks, workdir=work, binary=GSONET).cmdline()
+    # The scripts keep gsonet's default (a persistent tap, reattached on the next run).
+    return Gsonet(ports, uplinks, workdir=work, binary=GSONET, transient_taps=False).cmdline()
 
 
 def test_one_guest_tap(tmp_path):

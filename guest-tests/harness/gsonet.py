@@ -28,18 +28,21 @@ class Gsonet:
             gs.stats()["ports"][0]["stats"]["gso_passed"]
 
     ports / uplinks: the --port / --uplink specs; extra: more serve arguments
-    (e.g. ``["--metrics", "127.0.0.1:9477"]``). ``start()`` waits for the control
-    socket, the listening sockets (client-mode ports only connect once QEMU's server
-    socket exists) and the taps. Output goes to ``log_path``.
+    (e.g. ``["--metrics", "127.0.0.1:9477"]``); transient_taps: give each tap uplink
+    without a ``persist=`` option ``persist=off``, so a test leaves no tap behind.
+    ``start()`` waits for the control socket, the listening sockets (client-mode ports
+    only connect once QEMU's server socket exists) and the taps. Output goes to
+    ``log_path``.
     """
 
     def __init__(self, ports: list[str], uplinks: list[str] | None = None, *,
                  workdir: str | os.PathLike, binary: str | None = None,
                  name: str = "gsonet", log_dir: Path | str | None = None,
-                 extra: list[str] | None = None):
+                 extra: list[str] | None = None, transient_taps: bool = True):
         self.ports = list(ports)
         self.extra = list(extra or [])
         self.uplinks = list(uplinks or [])
+        self.transient_taps = transient_taps
         self.workdir = Path(workdir)
         self.binary = binary or GSONET_BIN
         self.control = self.workdir / "control.sock"
@@ -56,7 +59,7 @@ class Gsonet:
         for u in self.uplinks:
             # A test's tap goes with its gsonet unless the test asks for persistence
             # (gsonet keeps taps by default, for restarts).
-            if u.startswith("tap=") and "persist=" not in u:
+            if self.transient_taps and u.startswith("tap=") and "persist=" not in u:
                 u += ",persist=off"
             cmd += ["--uplink", u]
         return cmd + ["--control", str(self.control)] + self.extra
