@@ -1,7 +1,8 @@
 //! RX: write one frame (virtio_net_hdr + bytes) into the guest's RX queue. With
 //! MRG_RXBUF the frame spans as many chains as it needs and `num_buffers` says how
 //! many; without it one chain must hold it all. Nothing is marked used unless the
-//! whole frame fits, so a full queue costs the frame, never a half-written one.
+//! whole frame fits, so a full queue costs the frame, never a half-written one, and
+//! the used index moves once per frame, past all of its buffers.
 
 use thiserror::Error;
 use virtio_queue::desc::split::Descriptor;
@@ -17,6 +18,9 @@ use crate::vnet_hdr::VirtioNetHdr;
 pub const MAX_CHAINS_PER_FRAME: usize = 256;
 /// Most descriptors one frame may be written into (Linux's UIO_MAXIOV).
 pub const MAX_DESCS_PER_FRAME: usize = 1024;
+/// The used ring: flags and idx (2 bytes each), then 8-byte elements (virtio 1.x 2.7.8).
+const USED_RING_HEADER: u64 = 4;
+const USED_ELEM_SIZE: u64 = 8;
 
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
 pub enum RxError {
@@ -202,11 +206,50 @@ pub fn write_frame<Q: QueueT + QueueOwnedT>(
             cur = Some((addr + n as u64, room - n, ci));
         }
     }
-    for (i, &(head, _)) in chains.iter().enumerate() {
-        // A chain claimed but not needed is returned empty.
-        let _ = q.add_used(mem, head, written[i] as u32);
+    let entries = chains.iter().zip(written.iter()).map(|(&(h, _), &w)| (h, w as u32));
+    if publish(q, mem, entries).is_err() {
+        // The used ring is not writable guest memory: the queue is broken, nothing
+        // was published.
+        return Err(RxError::BadAddress);
     }
     Ok(chains.len())
+}
+
+/// Puts one frame's chains on the used ring and moves the used index once, past all
+/// of them, so that the guest (or a gsonet killed mid-frame) never sees a frame with
+/// fewer buffers than its `num_buffers`.
+///
+/// virtio-queue counts used entries for EVENT_IDX only in `add_used`, which also
+/// publishes the index each time. So every entry is written first, then `add_used`
+/// is repeated on the last slot: the index moves straight to the frame's end and the
+/// count still grows by one per chain.
+fn publish<Q: QueueT>(
+    q: &mut Q,
+    mem: &GuestMem,
+    entries: impl ExactSizeIterator<Item = (u16, u32)>,
+) -> Result<(), ()> {
+    let n = entries.len() as u16;
+    let base = q.next_used();
+    let size = q.size();
+    let mut last = None;
+    for (i, (head, len)) in entries.enumerate() {
+        let slot = u64::from(base.wrapping_add(i as u16) % size);
+        let at = q.used_ring().checked_add(USED_RING_HEADER + slot * USED_ELEM_SIZE);
+        let mut elem = [0u8; USED_ELEM_SIZE as usize];
+        elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
+        elem[4..].copy_from_slice(&len.to_le_bytes());
+        at.ok_or(())
+            .and_then(|a| mem.write_slice(&elem, GuestAddress(a)).map_err(|_| ()))?;
+        last = Some((head, len));
+    }
+    let Some((head, len)) = last else {
+        return Ok(());
+    };
+    for _ in 0..n {
+        q.set_next_used(base.wrapping_add(n - 1));
+        q.add_used(mem, head, len).map_err(|_| ())?;
+    }
+    Ok(())
 }
 
 fn rewind<Q: QueueOwnedT>(q: &mut Q, n: usize) {
@@ -476,5 +519,44 @@ mod tests {
         assert!(scratch.chains.capacity() <= 2 * MAX_CHAINS_PER_FRAME);
         let r = mrg_write(&mut q, &m, &mut scratch, false, &pattern(200));
         assert_eq!(r, Ok(14));
+    }
+
+    #[test]
+    fn a_frame_is_published_whole_or_not_at_all() {
+        let m = mem();
+        let mock = MockSplitQueue::new(&m, 16);
+        post(&mock, 4, 1, 1000);
+        let mut q: Queue = mock.create_queue().unwrap();
+        // A used ring whose first entry is the last thing in guest memory: a
+        // two-buffer frame can write its first entry, not its second.
+        let used_at = 0x100000 - USED_RING_HEADER - USED_ELEM_SIZE;
+        q.set_used_ring_address(Some(used_at as u32), Some(0));
+        let r = put(&mut q, &m, &[&pattern(1500)], true);
+        assert_eq!(r, Err(RxError::BadAddress));
+        // Before: the index moved to 1, a frame with num_buffers 2 and one buffer.
+        let idx: u16 = m.read_obj(GuestAddress(used_at + 2)).unwrap();
+        assert_eq!(idx, 0);
+    }
+
+    #[test]
+    fn event_idx_counts_every_buffer_of_a_frame() {
+        for (used_event, call) in [(0u16, true), (2, true), (3, false), (9, false)] {
+            let m = mem();
+            let mock = MockSplitQueue::new(&m, 16);
+            post(&mock, 4, 1, 1000);
+            let mut q: Queue = mock.create_queue().unwrap();
+            q.set_event_idx(true);
+            // The mock's used ring overlaps used_event (the guest wants a call once
+            // the used index passes it, right after the avail ring): move it away.
+            let used_at = 0x8000u64;
+            q.set_used_ring_address(Some(used_at as u32), Some(0));
+            m.write_obj(used_event, GuestAddress(q.avail_ring() + 4 + 2 * 16)).unwrap();
+            assert_eq!(put(&mut q, &m, &[&pattern(2500)], true), Ok(3));
+            let idx: u16 = m.read_obj(GuestAddress(used_at + 2)).unwrap();
+            assert_eq!(idx, 3);
+            let last: [u32; 2] = m.read_obj(GuestAddress(used_at + 4 + 2 * 8)).unwrap();
+            assert_eq!(last, [2, 512]);
+            assert_eq!(q.needs_notification(&m).unwrap(), call, "used_event {used_event}");
+        }
     }
 }
