@@ -206,7 +206,10 @@ pub fn write_frame<Q: QueueT + QueueOwnedT>(
             cur = Some((addr + n as u64, room - n, ci));
         }
     }
-    let entries = chains.iter().zip(written.iter()).map(|(&(h, _), &w)| (h, w as u32));
+    let entries = chains
+        .iter()
+        .zip(written.iter())
+        .map(|(&(h, _), &w)| (h, w as u32));
     if publish(q, mem, entries).is_err() {
         // The used ring is not writable guest memory: the queue is broken, nothing
         // was published.
@@ -234,7 +237,9 @@ fn publish<Q: QueueT>(
     let mut last = None;
     for (i, (head, len)) in entries.enumerate() {
         let slot = u64::from(base.wrapping_add(i as u16) % size);
-        let at = q.used_ring().checked_add(USED_RING_HEADER + slot * USED_ELEM_SIZE);
+        let at = q
+            .used_ring()
+            .checked_add(USED_RING_HEADER + slot * USED_ELEM_SIZE);
         let mut elem = [0u8; USED_ELEM_SIZE as usize];
         elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
         elem[4..].copy_from_slice(&len.to_le_bytes());
@@ -550,13 +555,18 @@ mod tests {
             // the used index passes it, right after the avail ring): move it away.
             let used_at = 0x8000u64;
             q.set_used_ring_address(Some(used_at as u32), Some(0));
-            m.write_obj(used_event, GuestAddress(q.avail_ring() + 4 + 2 * 16)).unwrap();
+            m.write_obj(used_event, GuestAddress(q.avail_ring() + 4 + 2 * 16))
+                .unwrap();
             assert_eq!(put(&mut q, &m, &[&pattern(2500)], true), Ok(3));
             let idx: u16 = m.read_obj(GuestAddress(used_at + 2)).unwrap();
             assert_eq!(idx, 3);
             let last: [u32; 2] = m.read_obj(GuestAddress(used_at + 4 + 2 * 8)).unwrap();
             assert_eq!(last, [2, 512]);
-            assert_eq!(q.needs_notification(&m).unwrap(), call, "used_event {used_event}");
+            assert_eq!(
+                q.needs_notification(&m).unwrap(),
+                call,
+                "used_event {used_event}"
+            );
         }
     }
 }
