@@ -195,11 +195,36 @@ fn a_tap_outlives_gsonet_and_the_next_one_reattaches() {
     assert!(s.log().contains("reattached=false"), "{}", s.log());
     ip(&["addr", "add", "10.253.7.1/24", "dev", &tap]);
     ip(&["route", "add", "10.253.8.0/24", "dev", &tap]);
+    // A guest the host has resolved (not a permanent entry: those always stay).
+    ip(&[
+        "neigh",
+        "replace",
+        "10.253.7.9",
+        "lladdr",
+        "02:00:00:00:00:09",
+        "dev",
+        &tap,
+    ]);
+    ip(&[
+        "neigh",
+        "change",
+        "10.253.7.9",
+        "dev",
+        &tap,
+        "nud",
+        "reachable",
+    ]);
 
-    // Killed: the tap stays, with the host's address and route.
+    // Killed: the tap stays, with the host's address, route and neighbour entry (the
+    // carrier drops until the next gsonet; a forgotten guest costs a 1 s ARP retry).
     assert!(!s.signal("-KILL").success());
     assert!(link_exists(&tap));
     assert!(ip(&["addr", "show", "dev", &tap]).contains("10.253.7.1/24"));
+    let neigh = ip(&["neigh", "show", "dev", &tap]);
+    assert!(
+        neigh.contains("10.253.7.9"),
+        "the host forgot its neighbour: {neigh:?}"
+    );
 
     // The next gsonet attaches to it: same device, address, route, MAC.
     let mut s = Serve::spawn(&args(""), &d.join("2.log"));

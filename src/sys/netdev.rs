@@ -1,5 +1,6 @@
-//! Network interfaces by name: validity, index (if_nametoindex) and flags
-//! (SIOCGIFFLAGS/SIOCSIFFLAGS through a short-lived AF_INET datagram socket).
+//! Network interfaces by name: validity, index (if_nametoindex), flags
+//! (SIOCGIFFLAGS/SIOCSIFFLAGS through a short-lived AF_INET datagram socket) and the
+//! per-interface neighbour sysctls.
 
 use std::ffi::CString;
 use std::io;
@@ -126,6 +127,25 @@ pub fn set_hw_addr(name: &str, mac: [u8; 6]) -> io::Result<()> {
     let sock = control_socket()?;
     // SAFETY: SIOCSIFHWADDR only reads an ifreq, which `req` is.
     check(unsafe { ioctl_with_ref(&sock, libc::SIOCSIFHWADDR, &req) })?;
+    Ok(())
+}
+
+/// Makes the host keep its ARP and NDP entries on `name` when the carrier drops
+/// (`arp_evict_nocarrier`, `ndisc_evict_nocarrier`: Linux 5.16 and later; a kernel
+/// without them, or without IPv6, is left as it is).
+pub fn keep_neighbours_without_carrier(name: &str) -> io::Result<()> {
+    if !valid_name(name) || name.contains('/') || name == "." || name == ".." {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    for knob in [
+        format!("/proc/sys/net/ipv4/conf/{name}/arp_evict_nocarrier"),
+        format!("/proc/sys/net/ipv6/conf/{name}/ndisc_evict_nocarrier"),
+    ] {
+        match std::fs::write(&knob, "0") {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
     Ok(())
 }
 

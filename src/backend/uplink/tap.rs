@@ -168,6 +168,17 @@ impl Tap {
                 netdev::set_hw_addr(name, m).map_err(|e| ioctl("SIOCSIFHWADDR", e))?;
             }
         }
+        if opts.persist {
+            // The carrier drops while no gsonet holds the tap. Without this the host
+            // forgets the guests' addresses then, and its first ARP request after a
+            // restart, sent before the guest is back, costs a 1 s retransmit.
+            if let Err(e) = netdev::keep_neighbours_without_carrier(name) {
+                warn!(
+                    tap = name,
+                    "cannot keep neighbour entries across restarts: {e}"
+                );
+            }
+        }
         tap.set_up()?;
         tap.set_offload(Caps::default())?;
         Ok(tap)
