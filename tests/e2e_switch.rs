@@ -142,6 +142,31 @@ fn kicks_and_calls_are_counted() {
     }
 }
 
+/// Each device start owes the guest one call per queue, whatever its used_event says:
+/// an earlier gsonet (or connection) may have published used entries and gone before
+/// calling, and a driver with EVENT_IDX then waits for that call forever. Here the
+/// guest's used_event asks for no call at all (nothing is published), and the call
+/// still comes once the queues run.
+#[test]
+fn a_device_start_owes_the_guest_a_call_on_each_queue() {
+    let d = Daemon::start(&DaemonSpec::ports(1)).expect("start gsonet");
+    let mut a = connect(&d, 0, FEATS_A);
+    let end = std::time::Instant::now() + T;
+    while a.calls(0) == 0 || a.calls(1) == 0 {
+        assert!(
+            std::time::Instant::now() < end,
+            "no call after the start: rx {} tx {}\n{:#}",
+            a.calls(0),
+            a.calls(1),
+            d.stats().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Owed once: a guest that then takes nothing gets no more.
+    std::thread::sleep(QUIET);
+    assert_eq!((a.calls(0), a.calls(1)), (1, 1));
+}
+
 /// With `tx_poll_us`, a sender's kicks stay off while it keeps sending and gsonet
 /// looks at its queue by timer: every frame of a burst arrives, in order, the timer
 /// did the looking, and a frame sent after the queue went idle (kicks back on) still

@@ -1116,6 +1116,8 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         vifs: vif_ports,
     }));
     let metrics_addr = cfg.metrics;
+    let rings = switch.clone();
+    stop.on_quiesce(move || rings.quiesce_ports());
     let runtime = Arc::new(Runtime {
         switch,
         members: members.clone(),

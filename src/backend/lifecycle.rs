@@ -147,6 +147,8 @@ struct Live {
 #[derive(Default)]
 pub struct Stop {
     stopping: AtomicBool,
+    /// Run before the frontends are closed: stops every write to the guests' rings.
+    quiesce: Mutex<Option<Box<dyn Fn() + Send>>>,
     live: Mutex<Live>,
     ended: Condvar,
     owned: Mutex<Vec<Owned>>,
@@ -176,6 +178,11 @@ impl Stop {
 
     pub fn stopping(&self) -> bool {
         self.stopping.load(Ordering::Acquire)
+    }
+
+    /// What the clean stop runs before it closes the frontends' connections.
+    pub fn on_quiesce(&self, f: impl Fn() + Send + 'static) {
+        *self.quiesce.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
     }
 
     /// Remembers the socket gsonet just bound at `path` with `listener`, to remove it
@@ -210,9 +217,11 @@ impl Stop {
     }
 
     /// The clean stop: no new frontends; the sockets gsonet bound are removed (only
-    /// if each is still the one it bound), so a new gsonet can bind at once; every
-    /// frontend connection is closed, and each port's queue workers finish the batch
-    /// they are in. Returns whether all were done within `grace`.
+    /// if each is still the one it bound), so a new gsonet can bind at once; the
+    /// rings are left as they are once the writes in progress end (`on_quiesce`):
+    /// QEMU reads the used indexes back when the connection closes and the next
+    /// gsonet starts there; then every frontend connection is closed, and each
+    /// port's queue workers end. Returns whether all were done within `grace`.
     pub fn drain(&self, grace: Duration) -> bool {
         self.stopping.store(true, Ordering::Release);
         for o in self
@@ -228,6 +237,9 @@ impl Stop {
             }
         }
         let deadline = Instant::now() + grace;
+        if let Some(q) = &*self.quiesce.lock().unwrap_or_else(|e| e.into_inner()) {
+            q();
+        }
         let mut l = self.lock();
         for f in l.fronts.iter().flatten() {
             let _ = f.shutdown(std::net::Shutdown::Both);

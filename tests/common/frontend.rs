@@ -979,6 +979,15 @@ impl TestFrontend {
         Ok(())
     }
 
+    /// Calls received on `queue` so far, taking any waiting on its call eventfd now.
+    pub fn calls(&mut self, queue: usize) -> u64 {
+        let q = &mut self.queues[queue];
+        if let Ok(n) = q.call.read() {
+            q.stats.calls += n;
+        }
+        q.stats.calls
+    }
+
     /// Fill the counter of `queue`'s call eventfd to its maximum, as a guest that
     /// never takes its interrupts would: the device's next signal finds it full.
     pub fn fill_call(&mut self, queue: usize) -> Result<()> {

@@ -64,6 +64,8 @@ pub trait SwitchPort: Destination + Send + Sync {
     fn rx_caps(&self) -> Option<Caps>;
     /// Signals the guest for RX queue `queue` if its ring asks for it.
     fn signal_rx(&self, queue: usize);
+    /// A clean stop: write no ring again, once the writes in progress are done.
+    fn quiesce(&self) {}
 }
 
 /// What the switch needs of an uplink.
@@ -753,6 +755,14 @@ impl Switch {
             if let Err(e) = u.uplink.set_rx_offload(union) {
                 warn!(uplink = %u.uplink.name(), "cannot program uplink offloads: {e}");
             }
+        }
+    }
+
+    /// A clean stop: every port stops writing its guest's rings (frames for it are
+    /// dropped from now on), so the rings are final before the frontends are closed.
+    pub fn quiesce_ports(&self) {
+        for p in self.topo.load().ports.iter() {
+            p.port.quiesce();
         }
     }
 

@@ -127,6 +127,9 @@ impl PortBackend {
         let Some(w) = self.workers.get(pair) else {
             return;
         };
+        let Some(_gate) = self.port.tx_gate() else {
+            return;
+        };
         let us = self.port.cfg.tx_poll_us;
         let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
         let end = tx::drain(&self.port, &self.switch, pair, txq, &mut w, us > 0);
@@ -220,6 +223,9 @@ impl VhostUserBackend for PortBackend {
         let pair = thread_id;
         if let Some(rxq) = vrings.first() {
             self.port.remember_rx(pair, rxq);
+        }
+        for (i, v) in vrings.iter().enumerate().take(2) {
+            self.port.pay_owed_call(2 * pair + i, v);
         }
         match device_event {
             0 => {

@@ -3,7 +3,7 @@
 //! use to hand it frames (under the RX queue's own lock, held for the copy only).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Mutex, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
 use vhost_user_backend::{VringRwLock, VringT};
@@ -71,6 +71,19 @@ pub struct Port {
     rx_rate: RwLock<Option<(RateLimit, ByteRate)>>,
     /// Frames for the guest waiting for their departure under `rx_rate=`.
     pub pacer: Pacer,
+    /// Per queue (RX 2n, TX 2n+1): the device started (a new connection, a restart)
+    /// and the guest has not been called since. An earlier gsonet or connection may
+    /// have published used entries and died before its call, and with EVENT_IDX the
+    /// guest waits for that call forever; one call after the start is always due.
+    owed_call: Box<[AtomicBool]>,
+    /// Set by a clean stop (`quiesce`): no ring is written again, so the used indexes
+    /// QEMU reads back once the connection is closed are final. A write after that
+    /// would put a used index the guest has passed behind what the next gsonet
+    /// starts from.
+    quiesced: AtomicBool,
+    /// Held shared by a TX worker while it drains a queue; `quiesce` takes it
+    /// exclusively to wait for the drains in progress.
+    tx_gate: RwLock<()>,
     pub stats: Counters,
 }
 
@@ -93,6 +106,9 @@ impl Port {
             log: LogLimit::default(),
             rx_coalesce: RxCoalesce::new(pairs, cfg.rx_coalesce_usecs, cfg.rx_coalesce_frames)?,
             pacer: Pacer::new(pairs)?,
+            owed_call: (0..2 * pairs).map(|_| AtomicBool::new(false)).collect(),
+            quiesced: AtomicBool::new(false),
+            tx_gate: RwLock::new(()),
             stats: Counters::default(),
             cfg,
         })
@@ -198,6 +214,23 @@ impl Port {
         }
     }
 
+    /// Stops writing the guest's rings: waits for the RX writes and TX drains in
+    /// progress, after which frames for the guest are dropped and its TX queues are
+    /// left alone.
+    pub fn quiesce(&self) {
+        self.quiesced.store(true, Ordering::Release);
+        for slot in &self.rx {
+            drop(slot.lock());
+        }
+        drop(self.tx_gate.write());
+    }
+
+    /// Leave to drain a TX queue: `None` once quiesced; the drain holds it meanwhile.
+    pub fn tx_gate(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        let g = self.tx_gate.read().unwrap_or_else(|e| e.into_inner());
+        (!self.quiesced.load(Ordering::Acquire)).then_some(g)
+    }
+
     /// Whether every RX queue's vring is known (see `PortBackend::introduce_workers`).
     pub fn rx_known(&self) -> bool {
         self.rx
@@ -209,6 +242,33 @@ impl Port {
     pub fn set_negotiated(&self, neg: Negotiated) {
         *self.negotiated.write().unwrap_or_else(|e| e.into_inner()) = Some(neg);
         self.connected.store(true, Ordering::Release);
+        // Features come at every device start: each queue owes the guest a call.
+        for c in self.owed_call.iter() {
+            c.store(true, Ordering::Release);
+        }
+    }
+
+    /// Calls the guest on `queue` if a call is owed since the device started and the
+    /// queue has its call fd by now (a spurious call costs the guest a look at the
+    /// used ring). True if it called.
+    pub fn pay_owed_call(&self, queue: usize, vring: &Vring) -> bool {
+        let Some(owed) = self.owed_call.get(queue) else {
+            return false;
+        };
+        if !owed.load(Ordering::Acquire) || vring.get_ref().get_call().is_none() {
+            return false;
+        }
+        if !owed.swap(false, Ordering::AcqRel) {
+            return false;
+        }
+        let _ = vring.signal_used_queue();
+        let calls = if queue.is_multiple_of(2) {
+            &self.stats.rx_calls
+        } else {
+            &self.stats.tx_calls
+        };
+        calls.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// The frontend's memory table changed.
@@ -262,6 +322,9 @@ impl Port {
         };
         let pair = pair % self.rx.len();
         let mut slot = self.rx[pair].lock().unwrap_or_else(|e| e.into_inner());
+        if self.quiesced.load(Ordering::Acquire) {
+            return Err(RxError::NoBuffers);
+        }
         let RxSlot {
             vring,
             scratch,
@@ -373,6 +436,9 @@ impl Port {
             .vring
             .clone();
         if let Some(v) = vring {
+            if self.pay_owed_call(2 * (pair % self.rx.len()), &v) {
+                return;
+            }
             if v.needs_notification().unwrap_or(true) {
                 self.stats.rx_calls.fetch_add(1, Ordering::Relaxed);
                 let _ = v.signal_used_queue();
@@ -464,5 +530,9 @@ impl SwitchPort for Port {
         if self.rx_coalesce.batch_done(pair) == Announce::Now {
             self.signal_rx_queue(pair);
         }
+    }
+
+    fn quiesce(&self) {
+        Port::quiesce(self);
     }
 }
