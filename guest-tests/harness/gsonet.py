@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +21,22 @@ def _spec(spec: str) -> dict[str, str]:
     return dict(item.partition("=")[::2] for item in spec.split(","))
 
 
+# Puts the inherited sockets at fd 3.. and execs gsonet with LISTEN_PID set to itself.
+_ACTIVATE = """
+import os, sys
+fds = [int(f) for f in sys.argv[1].split(",")]
+moved = [os.dup(f) for f in fds]
+for i, f in enumerate(moved):
+    if f != 3 + i:
+        os.dup2(f, 3 + i)
+    os.set_inheritable(3 + i, True)
+for f in set(fds + moved) - set(range(3, 3 + len(fds))):
+    os.close(f)
+os.environ["LISTEN_PID"] = str(os.getpid())
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
 class Gsonet:
     """A `gsonet serve` process (context manager).
 
@@ -29,7 +47,9 @@ class Gsonet:
 
     ports / uplinks: the --port / --uplink specs; extra: more serve arguments
     (e.g. ``["--metrics", "127.0.0.1:9477"]``); transient_taps: give each tap uplink
-    without a ``persist=`` option ``persist=off``, so a test leaves no tap behind.
+    without a ``persist=`` option ``persist=off``, so a test leaves no tap behind;
+    inherit: listening sockets handed over as a service manager does (LISTEN_FDS from
+    fd 3, LISTEN_PID the gsonet process), which the caller keeps across restarts.
     ``start()`` waits for the control socket, the listening sockets (client-mode ports
     only connect once QEMU's server socket exists) and the taps. Output goes to
     ``log_path``.
@@ -38,11 +58,13 @@ class Gsonet:
     def __init__(self, ports: list[str], uplinks: list[str] | None = None, *,
                  workdir: str | os.PathLike, binary: str | None = None,
                  name: str = "gsonet", log_dir: Path | str | None = None,
-                 extra: list[str] | None = None, transient_taps: bool = True):
+                 extra: list[str] | None = None, transient_taps: bool = True,
+                 inherit: list[socket.socket] | None = None):
         self.ports = list(ports)
         self.extra = list(extra or [])
         self.uplinks = list(uplinks or [])
         self.transient_taps = transient_taps
+        self.inherit = list(inherit or [])
         self.workdir = Path(workdir)
         self.binary = binary or GSONET_BIN
         self.control = self.workdir / "control.sock"
@@ -74,8 +96,12 @@ class Gsonet:
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "gsonet=info")
         env["NO_COLOR"] = "1"
+        fds = tuple(s.fileno() for s in self.inherit)
+        if fds:
+            env["LISTEN_FDS"] = str(len(fds))
+            cmd = [sys.executable, "-c", _ACTIVATE, ",".join(map(str, fds)), *cmd]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=env,
+                                     stderr=subprocess.STDOUT, env=env, pass_fds=fds,
                                      start_new_session=True)
         specs = [_spec(p) for p in self.ports]
         waits = [self.control] + [Path(s["socket"]) for s in specs if "client" not in s]
