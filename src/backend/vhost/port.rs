@@ -29,6 +29,12 @@ use crate::vnet_hdr::VirtioNetHdr;
 /// asking for gso_size 1 (65,000 segments a frame) is held to a few frames a second.
 pub const SEGMENTS_PER_SEC: u64 = 4_000_000;
 pub const SEGMENTS_BURST: u64 = 262_144;
+/// Device resets (SET_FEATURES) a port's frontend may ask for, per second and saved
+/// up. QEMU sends one per device start and a few around a migration; a frontend
+/// resetting in a loop waits for its turn, and the work it makes (the relay, the
+/// vhost crate, the port's set-up) stays bounded.
+pub const RESETS_PER_SEC: u64 = 20;
+pub const RESETS_BURST: u64 = 40;
 
 pub type Mem = GuestMemoryAtomic<GuestMem>;
 pub type Vring = VringRwLock<Mem>;
@@ -59,6 +65,8 @@ pub struct Port {
     segment_budget: TokenBucket,
     /// Lines this port may write to the log.
     pub log: LogLimit,
+    /// Device resets its frontend may ask for (the relay waits for a token).
+    pub resets: TokenBucket,
     /// Runtime `max_burst` (0: none), changed with `gsonet ctl`.
     max_burst: AtomicUsize,
     /// RX interrupt moderation, changed with `gsonet ctl`.
@@ -104,6 +112,7 @@ impl Port {
             stall: StallClock::default(),
             segment_budget: TokenBucket::new(SEGMENTS_PER_SEC, SEGMENTS_BURST),
             log: LogLimit::default(),
+            resets: TokenBucket::new(RESETS_PER_SEC, RESETS_BURST),
             rx_coalesce: RxCoalesce::new(pairs, cfg.rx_coalesce_usecs, cfg.rx_coalesce_frames)?,
             pacer: Pacer::new(pairs)?,
             owed_call: (0..2 * pairs).map(|_| AtomicBool::new(false)).collect(),

@@ -31,7 +31,7 @@ use super::firewall::{
     req, FdCheck, Firewall, Header, Policy, Refusal, Region, Verdict, FLAG_REPLY, FLAG_VERSION,
     HDR, MAX_FDS,
 };
-use super::port::Port;
+use super::port::{Port, RESETS_PER_SEC};
 use crate::backend::switch::Switch;
 use crate::l2::Mac;
 use crate::stats::DropReason;
@@ -264,6 +264,9 @@ fn inbound(
         if let Err(r) = check_fds(&check, &fds, port.cfg.allow_unsealed_memory) {
             return End::Refused(Some(hdr), r);
         }
+        if hdr.request == req::SET_FEATURES {
+            await_reset_token(port);
+        }
         if send(back, &Msg { hdr, payload, fds }).is_err() {
             return End::Closed;
         }
@@ -276,6 +279,23 @@ fn inbound(
         }
     }
 }
+
+/// Holds a device reset back until the port's reset budget allows it. Only this
+/// connection's relay thread waits; it holds no lock.
+fn await_reset_token(port: &Port) {
+    if port.resets.take(1) {
+        return;
+    }
+    if let Some(quiet) = port.log.allow() {
+        warn!(port = %port.name(), suppressed = quiet, "frontend resets the device in a loop; held to {RESETS_PER_SEC} a second");
+    }
+    while !port.resets.take(1) {
+        thread::sleep(RESET_POLL);
+    }
+}
+
+/// How often a held-back reset looks for its token.
+const RESET_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Acknowledges a request the relay handled itself, if the frontend asked for a reply
 /// and negotiated REPLY_ACK; false if the frontend's socket failed.
