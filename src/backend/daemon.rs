@@ -580,8 +580,8 @@ impl Runtime {
     }
 
     /// Takes port `st.ports[i]` out: out of the switch first (no frame goes to it
-    /// any more), then its frontend's connection is closed, its thread ends and its
-    /// socket file goes.
+    /// any more), its rings left as they are, then its frontend's connection is
+    /// closed, its thread ends and its socket file goes.
     fn remove_port(&self, st: &mut State, i: usize) -> (usize, String) {
         let e = st.ports.remove(i);
         let (id, name) = (e.port.id, e.port.name());
@@ -596,6 +596,9 @@ impl Runtime {
             // Only what is still a socket (ours); in client mode the socket is QEMU's.
             drop(Bound(vec![e.cfg.socket.clone()]));
         }
+        // Its rings stay as they are from here: QEMU reads the used indexes back when
+        // the connection closes (a later write would leave the guest past them).
+        e.port.quiesce();
         if let Some(c) = e.life.conn.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
