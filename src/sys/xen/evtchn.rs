@@ -59,29 +59,20 @@ impl EvtchnDev {
     }
 
     pub fn unbind(&self, port: u32) -> io::Result<()> {
-        let mut arg = PortArg { port };
-        // SAFETY: the ioctl reads the 4-byte struct we pass, which lives across the call.
-        let r = unsafe {
-            libc::ioctl(
-                self.file.as_raw_fd(),
-                IOCTL_EVTCHN_UNBIND,
-                &mut arg as *mut PortArg,
-            )
-        };
-        check(r).map(|_| ())
+        self.port_ioctl(IOCTL_EVTCHN_UNBIND, port)
     }
 
     /// Signals the guest end of local port `port`.
     pub fn notify(&self, port: u32) -> io::Result<()> {
+        self.port_ioctl(IOCTL_EVTCHN_NOTIFY, port)
+    }
+
+    /// An evtchn ioctl whose argument is one port (UNBIND, NOTIFY).
+    fn port_ioctl(&self, request: libc::c_ulong, port: u32) -> io::Result<()> {
         let mut arg = PortArg { port };
-        // SAFETY: the ioctl reads the 4-byte struct we pass, which lives across the call.
-        let r = unsafe {
-            libc::ioctl(
-                self.file.as_raw_fd(),
-                IOCTL_EVTCHN_NOTIFY,
-                &mut arg as *mut PortArg,
-            )
-        };
+        // SAFETY: both requests read the 4-byte struct we pass, which lives across the
+        // call.
+        let r = unsafe { libc::ioctl(self.file.as_raw_fd(), request, &mut arg as *mut PortArg) };
         check(r).map(|_| ())
     }
 
