@@ -16,8 +16,10 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo env GSONET_BIN=$(GSONET_BIN))
 setup:
 	$(SUDO) bash scripts/setup.sh
 
+# The hostile netfront of the Xen rig's test (examples/xen_netfront.rs) is built too.
 build:
 	$(CARGO) build --release
+	$(CARGO) build --release --example xen_netfront
 
 demo: setup build
 	$(SUDO) env SKIP_SETUP=1 SKIP_BUILD=1 bash scripts/demo.sh

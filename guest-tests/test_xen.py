@@ -9,9 +9,11 @@ snapshots, the counters are checked here. Skips when the gsonet under test has n
 `--xen-vif`.
 """
 
+from pathlib import Path
+
 import pytest
 
-from harness import xen
+from harness import paths, xen
 from harness.gsonet import counters_delta
 
 pytestmark = pytest.mark.slow
@@ -149,3 +151,54 @@ def test_two_domus_receiver_without_gso(xen_gsonet, record_measurement):
     back = _delta(run, "after_domu_to_domu", "after_domu2_to_domu1", _vif)
     assert back["gso_passed"] > 0, (back, run.log_path)
     assert run.results.get("gsonet.md5_domu1_to_domu2") == "ok", run.log_path
+
+
+# What each hostile netfront case must raise on its vif (examples/xen_netfront.rs).
+HOSTILE_COUNTERS = {
+    "bad_grant": "xen_bad_grant",
+    "too_many_slots": "xen_too_many_slots",
+    "slots_mismatch": "xen_slots_mismatch",
+    "past_page": "xen_slots_mismatch",
+    "oversized": "xen_slots_mismatch",
+    "gso_size_zero": "gso_size_zero",
+    "gso_bad_type": "xen_bad_gso_type",
+    "unknown_extra": "xen_bad_extra",
+    "gso_without_csum_blank": "xen_gso_without_csum_blank",
+    "too_short": "too_short",
+    "rx_bad_grant": "xen_bad_grant",
+    "ring_jump": "xen_ring_broken",
+}
+
+
+def test_malformed_netfront(xen_gsonet, record_measurement):
+    """A netfront in dom0 (examples/xen_netfront.rs, on grants of dom0's own pages)
+    writes each malformed TX ring of issue 12's list, floods its event channel, posts
+    RX buffers it never granted and jumps its ring index: every bad packet is
+    answered NETIF_RSP_ERROR and counted, good packets before and after are served,
+    the vif comes back after the netfront reconnects, and an honest domU on the same
+    gsonet answers every ping meanwhile and moves md5-checked data after."""
+    prog = Path(paths.GSONET_BIN).parent / "examples" / "xen_netfront"
+    if not prog.is_file():
+        pytest.fail(f"{prog} missing (cargo build --release --example xen_netfront)")
+    run = xen.XenRig("gsonet-hostile", xen.scenario("hostile-netfront"),
+                     files={"xen_netfront": prog.read_bytes()}).run()
+    cases = ["valid", "no_event", "flood", "reconnect", *HOSTILE_COUNTERS]
+    bad = {c: run.results.get(f"hostile.{c}") for c in cases
+           if run.results.get(f"hostile.{c}") != "ok"}
+    assert not bad, f"{bad}: {run.log_path}"
+    # vif0.9 took a free auto slot, unused before: its counters are all its own.
+    vif = _port(run, "after_hostile", "vif0.9")
+    honest = f"vif{run.results['gsonet.domid1']}.0"
+    before, after = _port(run, "before_hostile", honest), _port(run, "after_hostile", honest)
+    drops = vif.get("drops", {})
+    for case, counter in HOSTILE_COUNTERS.items():
+        assert drops.get(counter, 0) >= 1, (case, counter, drops, run.log_path)
+    # The honest domU: every ping answered while the hostile netfront ran.
+    ok, lost = int(run.results["honest.pings_ok"]), int(run.results["honest.pings_lost"])
+    record_measurement("xen_hostile_honest_pings", {"ok": ok, "lost": lost,
+                                                    "hostile_drops": drops})
+    assert ok >= 5 and lost == 0, (ok, lost, run.log_path)
+    for key in ("gsonet_alive", "ping_after", "md5_to_domu", "md5_from_domu"):
+        assert run.results.get(f"honest.{key}") == "ok", (key, run.log_path)
+    assert after["rx_frames"] > before["rx_frames"], run.log_path
+

@@ -84,6 +84,34 @@ iperf_mbps() {
         || { cat /tmp/iperf.out >&2; echo 0; }
 }
 
+# cpu_now: "dom0 gsonet domains" CPU seconds used so far: dom0's vCPUs busy (from
+# /proc/stat: all but idle and iowait), gsonet's threads (user + system, 0 when it
+# is not running) and every domain's vCPUs (`xl list`'s Time(s)).
+cpu_now() {
+    local dom0 gs=0 doms
+    dom0="$(awk '/^cpu / {print ($2 + $3 + $4 + $7 + $8 + $9) / 100}' /proc/stat)"
+    if [ -n "${GSONET_PID:-}" ] && [ -r "/proc/$GSONET_PID/stat" ]; then
+        gs="$(awk '{print ($14 + $15) / 100}' "/proc/$GSONET_PID/stat")"
+    fi
+    doms="$(xl list | awk 'NR > 1 {t += $NF} END {print t + 0}')"
+    echo "$dom0 $gs $doms"
+}
+
+# measure KEY CMD...: `result KEY "$(CMD...)"`, and the CPU seconds it cost as
+# KEY.cpu_dom0, KEY.cpu_gsonet, KEY.cpu_domains (see cpu_now).
+measure() {
+    local key="$1" a b v
+    shift
+    a="$(cpu_now)"
+    v="$("$@")"
+    b="$(cpu_now)"
+    result "$key" "$v"
+    set -- $a $b
+    result "$key.cpu_dom0" "$(awk "BEGIN {print $4 - $1}")"
+    result "$key.cpu_gsonet" "$(awk "BEGIN {print $5 - $2}")"
+    result "$key.cpu_domains" "$(awk "BEGIN {print $6 - $3}")"
+}
+
 # iperf_domu_mbps IP ARGS...: the same, run in the domU at IP.
 iperf_domu_mbps() {
     local ip="$1"

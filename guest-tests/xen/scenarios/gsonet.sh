@@ -50,9 +50,9 @@ wait_domu $ip1 300 || fail "gdomU1 does not answer through gsonet"
 [ "$NDOM" = 2 ] && { wait_domu $ip2 300 || fail "gdomU2 does not answer through gsonet"; }
 result gsonet.ping "$(ping -c3 -W2 $ip1 >/dev/null && echo ok || echo lost)"
 gsonet_stats start
-result gsonet.dom0_to_domu_mbps "$(iperf_mbps -c $ip1 -t "$S")"
+measure gsonet.dom0_to_domu_mbps iperf_mbps -c $ip1 -t "$S"
 gsonet_stats after_dom0_to_domu
-result gsonet.domu_to_dom0_mbps "$(iperf_mbps -c $ip1 -t "$S" -R)"
+measure gsonet.domu_to_dom0_mbps iperf_mbps -c $ip1 -t "$S" -R
 gsonet_stats after_domu_to_dom0
 if [ "$MIB" -gt 0 ]; then
     md5_to_domu $ip1 "$MIB" && result gsonet.md5_to_domu ok
@@ -62,9 +62,9 @@ if [ "$NDOM" = 2 ]; then
     fe2="/local/domain/$(xl domid gdomU2)/device/vif/0"
     result gsonet.domu2_feature_gso_tcpv4 "$(xenstore-read "$fe2/feature-gso-tcpv4")"
     gsonet_stats before_domu_to_domu
-    result gsonet.domu_to_domu_mbps "$(iperf_domu_mbps $ip1 -c $ip2 -t "$S")"
+    measure gsonet.domu_to_domu_mbps iperf_domu_mbps $ip1 -c $ip2 -t "$S"
     gsonet_stats after_domu_to_domu
-    result gsonet.domu2_to_domu1_mbps "$(iperf_domu_mbps $ip2 -c $ip1 -t "$S")"
+    measure gsonet.domu2_to_domu1_mbps iperf_domu_mbps $ip2 -c $ip1 -t "$S"
     gsonet_stats after_domu2_to_domu1
     if [ "$MIB" -gt 0 ]; then
         md5_domu_to_domu $ip1 $ip2 "$MIB" && result gsonet.md5_domu1_to_domu2 ok
@@ -74,20 +74,20 @@ if [ "${XT_OFFLOADS:-0}" = 1 ]; then
     on_domu $ip1 ethtool -K eth0 tso off gso off
     result gsonet.nooffload.tso "$(on_domu $ip1 ethtool -k eth0 | awk '/^tcp-segmentation-offload:/ {print $2}')"
     gsonet_stats before_tso_off
-    result gsonet.nooffload.domu_to_dom0_mbps "$(iperf_mbps -c $ip1 -t "$S" -R)"
+    measure gsonet.nooffload.domu_to_dom0_mbps iperf_mbps -c $ip1 -t "$S" -R
     md5_from_domu $ip1 8 && result gsonet.nooffload.md5_from_domu ok
     md5_to_domu $ip1 8 && result gsonet.nooffload.md5_to_domu ok
     gsonet_stats after_tso_off
     on_domu $ip1 ethtool -K eth0 sg off
     result gsonet.nosg.sg "$(on_domu $ip1 ethtool -k eth0 | awk '/^scatter-gather:/ {print $2}')"
-    result gsonet.nosg.domu_to_dom0_mbps "$(iperf_mbps -c $ip1 -t "$S" -R)"
-    result gsonet.nosg.dom0_to_domu_mbps "$(iperf_mbps -c $ip1 -t "$S")"
+    measure gsonet.nosg.domu_to_dom0_mbps iperf_mbps -c $ip1 -t "$S" -R
+    measure gsonet.nosg.dom0_to_domu_mbps iperf_mbps -c $ip1 -t "$S"
     md5_from_domu $ip1 8 && result gsonet.nosg.md5_from_domu ok
     md5_to_domu $ip1 8 && result gsonet.nosg.md5_to_domu ok
     gsonet_stats after_sg_off
     on_domu $ip1 ethtool -K eth0 sg on tso on gso on
     gsonet_stats before_offloads_on_again
-    result gsonet.offload_again.domu_to_dom0_mbps "$(iperf_mbps -c $ip1 -t "$S" -R)"
+    measure gsonet.offload_again.domu_to_dom0_mbps iperf_mbps -c $ip1 -t "$S" -R
     gsonet_stats after_offloads_on_again
 fi
 if [ "${XT_RECREATE:-0}" = 1 ]; then

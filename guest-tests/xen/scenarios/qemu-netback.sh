@@ -9,6 +9,6 @@ sleep 5
 qemu_netback qdomU1 10.99.0.2 00:16:3e:99:00:02
 wait_domu 10.99.0.2 300 || fail "qdomU1 does not answer through QEMU's netback"
 result qemu.ping "$(ping -c3 -W2 10.99.0.2 >/dev/null && echo ok || echo lost)"
-result qemu.dom0_to_domu_mbps "$(iperf_mbps -c 10.99.0.2 -t "$S")"
-result qemu.domu_to_dom0_mbps "$(iperf_mbps -c 10.99.0.2 -t "$S" -R)"
+measure qemu.dom0_to_domu_mbps iperf_mbps -c 10.99.0.2 -t "$S"
+measure qemu.domu_to_dom0_mbps iperf_mbps -c 10.99.0.2 -t "$S" -R
 teardown

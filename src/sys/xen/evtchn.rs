@@ -12,6 +12,7 @@ use super::{ioc_none, DomId};
 use crate::sys::check;
 
 const IOCTL_EVTCHN_BIND_INTERDOMAIN: libc::c_ulong = ioc_none(b'E', 1, 8);
+const IOCTL_EVTCHN_BIND_UNBOUND_PORT: libc::c_ulong = ioc_none(b'E', 2, 4);
 const IOCTL_EVTCHN_UNBIND: libc::c_ulong = ioc_none(b'E', 3, 4);
 const IOCTL_EVTCHN_NOTIFY: libc::c_ulong = ioc_none(b'E', 4, 4);
 
@@ -19,6 +20,11 @@ const IOCTL_EVTCHN_NOTIFY: libc::c_ulong = ioc_none(b'E', 4, 4);
 struct BindInterdomain {
     remote_domain: u32,
     remote_port: u32,
+}
+
+#[repr(C)]
+struct BindUnbound {
+    remote_domain: u32,
 }
 
 #[repr(C)]
@@ -53,6 +59,22 @@ impl EvtchnDev {
                 self.file.as_raw_fd(),
                 IOCTL_EVTCHN_BIND_INTERDOMAIN,
                 &mut arg as *mut BindInterdomain,
+            )
+        };
+        check(r).map(|p| p as u32)
+    }
+
+    /// A new local port that domain `remote` may bind (a frontend's side).
+    pub fn bind_unbound(&self, remote: DomId) -> io::Result<u32> {
+        let mut arg = BindUnbound {
+            remote_domain: u32::from(remote),
+        };
+        // SAFETY: the ioctl reads the 4-byte struct we pass, which lives across the call.
+        let r = unsafe {
+            libc::ioctl(
+                self.file.as_raw_fd(),
+                IOCTL_EVTCHN_BIND_UNBOUND_PORT,
+                &mut arg as *mut BindUnbound,
             )
         };
         check(r).map(|p| p as u32)

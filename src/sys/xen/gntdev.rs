@@ -124,7 +124,8 @@ impl Gntdev {
         let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave NULL"))?;
         Ok(MappedPage {
             dev: self.clone(),
-            ptr,
+            // SAFETY: a fresh PAGE_SIZE shared mapping, unmapped only by MappedPage's drop.
+            page: unsafe { SharedPage::new(ptr) },
             index: arg.index,
         })
     }
@@ -215,21 +216,25 @@ impl Gntdev {
     }
 }
 
-/// A guest page mapped into gsonet (a shared ring). The guest writes it at any time:
-/// it is only read and written through volatile and atomic accesses, never as a
-/// Rust slice.
-pub struct MappedPage {
-    dev: Arc<Gntdev>,
+/// A page shared with another domain (a ring): the other side writes it at any
+/// time, so it is only read and written through volatile and atomic accesses, never
+/// as a Rust slice.
+pub struct SharedPage {
     ptr: NonNull<u8>,
-    index: u64,
 }
 
-// SAFETY: the mapping is plain shared memory; all accesses are atomic or volatile.
-unsafe impl Send for MappedPage {}
-// SAFETY: as above; concurrent accesses are the guest protocol's business.
-unsafe impl Sync for MappedPage {}
+// SAFETY: the page is plain shared memory; all accesses are atomic.
+unsafe impl Send for SharedPage {}
+// SAFETY: as above; concurrent accesses are the ring protocol's business.
+unsafe impl Sync for SharedPage {}
 
-impl MappedPage {
+impl SharedPage {
+    /// SAFETY: `ptr` is a page-aligned mapping of PAGE_SIZE bytes that outlives the
+    /// value.
+    pub(super) unsafe fn new(ptr: NonNull<u8>) -> SharedPage {
+        SharedPage { ptr }
+    }
+
     fn at32(&self, off: usize) -> &AtomicU32 {
         assert!(
             off.is_multiple_of(4) && off + 4 <= PAGE_SIZE,
@@ -239,7 +244,7 @@ impl MappedPage {
         unsafe { &*self.ptr.as_ptr().add(off).cast::<AtomicU32>() }
     }
 
-    /// Reads a ring index (acquire: what the guest wrote before it is visible).
+    /// Reads a ring index (acquire: what the other side wrote before it is visible).
     pub fn load(&self, off: usize) -> u32 {
         self.at32(off).load(Ordering::Acquire)
     }
@@ -257,7 +262,7 @@ impl MappedPage {
         }
     }
 
-    /// Writes `bytes` (a multiple of 4 long) at `off` (4-aligned).
+    /// Writes `bytes` at `off` (4-aligned); a last partial word is zero-padded.
     pub fn write(&self, off: usize, bytes: &[u8]) {
         for (i, c) in bytes.chunks(4).enumerate() {
             let mut w = [0u8; 4];
@@ -267,16 +272,30 @@ impl MappedPage {
         }
     }
 
-    /// A full barrier between our index writes and the guest's event index reads.
+    /// A full barrier between our index writes and the other side's event index reads.
     pub fn full_fence(&self) {
         fence(Ordering::SeqCst);
+    }
+}
+
+/// A guest page mapped into gsonet (a shared ring), unmapped on drop.
+pub struct MappedPage {
+    dev: Arc<Gntdev>,
+    page: SharedPage,
+    index: u64,
+}
+
+impl std::ops::Deref for MappedPage {
+    type Target = SharedPage;
+    fn deref(&self) -> &SharedPage {
+        &self.page
     }
 }
 
 impl Drop for MappedPage {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the page `map` mapped; nothing refers into it after.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), PAGE_SIZE) };
+        unsafe { libc::munmap(self.page.ptr.as_ptr().cast(), PAGE_SIZE) };
         self.dev.unmap_index(self.index);
     }
 }

@@ -1,8 +1,10 @@
 //! The Xen device files a userspace netback needs in dom0: grant copies and ring
 //! mappings (`gntdev`), interdomain event channels (`evtchn`), and the xenstore wire
-//! protocol (`xenstore`).
+//! protocol (`xenstore`); and for the rig's test netfront, pages of our own granted
+//! out (`gntalloc`).
 
 pub mod evtchn;
+pub mod gntalloc;
 pub mod gntdev;
 pub mod xenstore;
 
