@@ -135,12 +135,15 @@ class XenRig:
 
     ``files``: more files for /xt (name -> bytes or str). ``qemu``: add QEMU's Xen
     device model (for the userspace netback baseline). ``timeout``: seconds for the
-    whole run, boot included. ``dom0_args``: more words for dom0's command line."""
+    whole run, boot included. ``dom0_args``: more words for dom0's command line.
+    ``monitor``: a Unix socket path for QEMU's human monitor (scripts/xen_profile.py
+    samples the vCPUs' registers through it)."""
 
     def __init__(self, name: str, script: str, *, gsonet: bool = True,
                  gsonet_bin: str | None = None, qemu: bool = False,
                  files: dict[str, bytes | str] | None = None, timeout: float = 2400,
-                 dom0_args: str = "", log_dir: Path | str | None = None):
+                 dom0_args: str = "", log_dir: Path | str | None = None,
+                 monitor: str | None = None):
         self.name = name
         self.script = script
         self.gsonet = gsonet
@@ -150,6 +153,7 @@ class XenRig:
         self.timeout = timeout
         self.dom0_args = dom0_args
         self.log_dir = log_dir
+        self.monitor = monitor
 
     def _overlay(self, work: Path) -> Path:
         tree = work / "overlay"
@@ -182,7 +186,8 @@ class XenRig:
     def argv(self, initrd: Path) -> list[str]:
         dom0 = f"{DOM0_KERNEL} {DOM0_ARGS} {self.dom0_args}".strip()
         return [paths.QEMU, "-accel", "tcg", "-M", "pc", "-cpu", "qemu64,+svm",
-                "-m", "2G", "-smp", "2", "-nographic", "-monitor", "none",
+                "-m", "2G", "-smp", "2", "-nographic", "-monitor",
+                f"unix:{self.monitor},server=on,wait=off" if self.monitor else "none",
                 "-serial", "stdio", "-no-reboot", "-nodefaults",
                 "-kernel", str(XEN_ELF), "-append", XEN_ARGS,
                 # multiboot modules: "file args,file"; a comma inside is doubled

@@ -102,9 +102,19 @@ cpu_now() {
 measure() {
     local key="$1" a b v
     shift
+    if [ -n "${XT_PROFILE:-}" ]; then
+        # for scripts/xen_profile.py: where the kernel and its modules sit
+        if [ ! -f /tmp/xt.ksyms-sent ]; then
+            awk '$2 ~ /^[tT]$/ {print $1, $3, $4}' /proc/kallsyms | gzip -c | base64 \
+                | sed 's/^/XT-KALLSYMS /'
+            touch /tmp/xt.ksyms-sent
+        fi
+    fi
+    echo "XT-MEASURE start $key"
     a="$(cpu_now)"
     v="$("$@")"
     b="$(cpu_now)"
+    echo "XT-MEASURE stop $key"
     result "$key" "$v"
     set -- $a $b
     result "$key.cpu_dom0" "$(awk "BEGIN {print $4 - $1}")"

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Where the nested Xen rig's CPU goes during each iperf3 run: a sampling profile of
+the emulated CPUs, taken from outside (nothing runs in the guests to take it).
+
+    sudo python3 scripts/xen_profile.py [--seconds 15] [--hz 50] [--backend gsonet kernel]
+
+It boots the rig once with the chosen scenarios (guest-tests/xen/scenarios/) and a
+QEMU monitor socket, and while a `measure` of the scenario runs (its XT-MEASURE
+markers on the console) it asks the monitor for every vCPU's registers `--hz` times a
+second. Each sample's RIP goes to a bucket: Xen itself, a function of the guests'
+6.12 kernel or of a module (dom0 and the domUs run the same binary; the symbols are
+dom0's /proc/kallsyms, sent once over the console, gzip + base64), guest user space,
+or a halted vCPU. Prints, per measured run, the share of each bucket and the top
+functions. Samples are of the emulated machine, so they count TCG's cost of each
+guest instruction, which is what the rig's throughput is made of.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import bisect
+import collections
+import gzip
+import re
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "guest-tests"))
+
+from harness import paths, xen  # noqa: E402
+
+XEN_RANGE = (0xFFFF82D040000000, 0xFFFF82D0C0000000)
+USER_TOP = 0x0000800000000000
+REG = re.compile(r"RIP=([0-9a-f]{16}) .*?HLT=(\d)")
+
+
+def kallsyms(text: str) -> tuple[list[int], list[str]]:
+    """The text symbols dom0 sent (XT-KALLSYMS lines), sorted by address."""
+    blob = "".join(l.split(" ", 1)[1] for l in text.splitlines()
+                   if l.startswith("XT-KALLSYMS "))
+    if not blob:
+        return [], []
+    syms = []
+    for line in gzip.decompress(base64.b64decode(blob)).decode().splitlines():
+        addr, _, name = line.partition(" ")
+        syms.append((int(addr, 16), name))
+    syms.sort()
+    return [a for a, _ in syms], [n for _, n in syms]
+
+
+class Monitor:
+    def __init__(self, path: str):
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                self.sock = socket.socket(socket.AF_UNIX)
+                self.sock.connect(path)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        self.buf = b""
+        self.read_prompt()
+
+    def read_prompt(self) -> str:
+        while b"(qemu) " not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("monitor closed")
+            self.buf += chunk
+        out, _, self.buf = self.buf.partition(b"(qemu) ")
+        return out.decode(errors="replace")
+
+    def registers(self) -> list[tuple[int, bool]]:
+        self.sock.sendall(b"info registers -a\n")
+        return [(int(m.group(1), 16), m.group(2) == "1")
+                for m in REG.finditer(self.read_prompt())]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=int, default=15, help="iperf3 seconds per run")
+    ap.add_argument("--hz", type=float, default=50, help="samples a second")
+    ap.add_argument("--backend", nargs="+", default=["gsonet", "kernel-netback"],
+                    choices=["gsonet", "kernel-netback"])
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    reason = xen.skip_reason()
+    if reason:
+        sys.exit(f"cannot profile: {reason}")
+    xen.build_rig()
+
+    tmp = tempfile.mkdtemp(prefix="gsonet-xenprof-")
+    mon_path = f"{tmp}/monitor.sock"
+    script = xen.scenario(*args.backend, XT_SECONDS=args.seconds, XT_PROFILE=1)
+    rig = xen.XenRig("profile", script, gsonet="gsonet" in args.backend, monitor=mon_path,
+                     timeout=3600)
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.setdefault("run", rig.run(check=False)))
+    runner.start()
+    mon = Monitor(mon_path)
+
+    # The console is streamed into the newest results/guest-logs/*-xen-profile-* file.
+    log = None
+    while log is None and runner.is_alive():
+        logs = sorted(paths.REPO.glob("results/guest-logs/*-xen-profile-*.console.log"),
+                      key=lambda p: p.stat().st_mtime)
+        log = logs[-1] if logs and logs[-1].stat().st_mtime > time.time() - 60 else None
+        time.sleep(0.5)
+    samples: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    current = None
+    pos = 0
+    period = 1.0 / args.hz
+    while runner.is_alive() and log is not None:
+        text = log.read_text(errors="replace")
+        for line in text[pos:].splitlines():
+            if line.startswith("XT-MEASURE start "):
+                current = line.split()[2]
+            elif line.startswith("XT-MEASURE stop "):
+                current = None
+        pos = len(text)
+        if current is None:
+            time.sleep(0.2)
+            continue
+        t0 = time.monotonic()
+        try:
+            regs = mon.registers()
+        except (OSError, EOFError):
+            break
+        for rip, halted in regs:
+            samples[current]["(halted)" if halted else rip] += 1
+        time.sleep(max(0.0, period - (time.monotonic() - t0)))
+    runner.join()
+    run = result.get("run")
+    addrs, names = kallsyms(run.console if run else "")
+
+    def where(rip) -> str:
+        if isinstance(rip, str):
+            return rip
+        if XEN_RANGE[0] <= rip < XEN_RANGE[1]:
+            return "(xen)"
+        if rip < USER_TOP:
+            return "(user)"
+        i = bisect.bisect_right(addrs, rip) - 1
+        return names[i] if i >= 0 else "(kernel, no symbols)"
+
+    print(f"\nconsole: {run.log_path if run else '?'}")
+    for key, raw in samples.items():
+        c = collections.Counter()
+        for rip, n in raw.items():
+            c[where(rip)] += n
+        total = sum(c.values())
+        mbps = run.results.get(key) if run else None
+        print(f"\n== {key}: {mbps} Mbit/s, {total} vCPU samples")
+        groups = collections.Counter()
+        for w, n in c.items():
+            groups[w if w.startswith("(") else ("module" if w.endswith("]") else "kernel")] += n
+        print("   " + ", ".join(f"{g} {100 * n / total:.1f}%" for g, n in groups.most_common()))
+        for w, n in c.most_common(args.top):
+            print(f"   {100 * n / total:5.1f}%  {w}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
