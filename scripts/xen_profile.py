@@ -77,6 +77,17 @@ class Monitor:
         out, _, self.buf = self.buf.partition(b"(qemu) ")
         return out.decode(errors="replace")
 
+    def jit_counts(self) -> dict[str, int]:
+        """TCG's counters (`info jit`): TLB flushes among them, which a PV guest pays
+        on every page-table switch (a context switch, a system call)."""
+        self.sock.sendall(b"info jit\n")
+        out = {}
+        for line in self.read_prompt().splitlines():
+            m = re.match(r"\s*([A-Za-z][A-Za-z /]+?)\s+(\d+)\s*$", line)
+            if m:
+                out[m.group(1).strip()] = int(m.group(2))
+        return out
+
     def registers(self) -> list[tuple[int, bool]]:
         self.sock.sendall(b"info registers -a\n")
         return [(int(m.group(1), 16), m.group(2) == "1")
@@ -114,6 +125,8 @@ def main() -> int:
         log = logs[-1] if logs and logs[-1].stat().st_mtime > time.time() - 60 else None
         time.sleep(0.5)
     samples: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    jit: dict[str, dict[str, int]] = {}
+    jit_at_start: dict[str, int] = {}
     current = None
     pos = 0
     period = 1.0 / args.hz
@@ -122,7 +135,12 @@ def main() -> int:
         for line in text[pos:].splitlines():
             if line.startswith("XT-MEASURE start "):
                 current = line.split()[2]
+                jit_at_start = mon.jit_counts()
             elif line.startswith("XT-MEASURE stop "):
+                if current is not None:
+                    end = mon.jit_counts()
+                    jit[current] = {k: v - jit_at_start.get(k, 0) for k, v in end.items()
+                                    if "flush" in k.lower()}
                 current = None
         pos = len(text)
         if current is None:
@@ -158,6 +176,12 @@ def main() -> int:
         total = sum(c.values())
         mbps = run.results.get(key) if run else None
         print(f"\n== {key}: {mbps} Mbit/s, {total} vCPU samples")
+        try:
+            gb = float(mbps) * args.seconds / 8000
+        except (TypeError, ValueError):
+            gb = 0
+        if key in jit and gb:
+            print("   per GB: " + ", ".join(f"{k} {v / gb:,.0f}" for k, v in jit[key].items()))
         groups = collections.Counter()
         for w, n in c.items():
             groups[w if w.startswith("(") else ("module" if w.endswith("]") else "kernel")] += n
