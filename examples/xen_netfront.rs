@@ -245,12 +245,6 @@ impl Front {
         .encode()
     }
 
-    fn extra(bytes: [u8; 8]) -> [u8; netif::TX_SLOT] {
-        let mut s = [0u8; netif::TX_SLOT];
-        s[..8].copy_from_slice(&bytes);
-        s
-    }
-
     /// Sends `slots` and checks that their answers are `want`.
     fn expect(&mut self, slots: &[[u8; netif::TX_SLOT]], notify: bool, want: &[i16]) -> String {
         if let Err(e) = self.push(slots, notify) {
@@ -330,7 +324,7 @@ fn main() -> Result<()> {
         ),
     ];
     for (name, flags, extra) in cases {
-        let s = [f.req(d0, 0, flags, arp_len), Front::extra(extra)];
+        let s = [f.req(d0, 0, flags, arp_len), netif::tx_extra_slot(extra)];
         report(name, &f.expect(&s, true, &[ERR, NULL]));
     }
 

@@ -37,7 +37,7 @@ from harness.gsonet import Gsonet
 from harness.guest import Guest
 from harness.hostnet import alloc_subnet, delete_link, set_addr
 from harness.iperf import iperf3_guest_server
-from harness.process import HarnessError
+from harness.process import HarnessError, connect_unix
 from harness.qemu import mac_for, vhost_user_netdev
 from harness.transfer import MIB, OneShotServer
 
@@ -49,17 +49,7 @@ class Qmp:
     """A minimal QMP client on a Unix socket: commands and the events seen so far."""
 
     def __init__(self, path: str, timeout: float = 30.0):
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.sock = socket.socket(socket.AF_UNIX)
-                self.sock.connect(path)
-                break
-            except OSError:
-                self.sock.close()
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        self.sock = connect_unix(path, timeout)
         self.sock.settimeout(timeout)
         self.file = self.sock.makefile("rwb")
         self.events: list[dict] = []

@@ -23,7 +23,6 @@ import bisect
 import collections
 import gzip
 import re
-import socket
 import sys
 import tempfile
 import threading
@@ -33,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "guest-tests"))
 
 from harness import paths, xen  # noqa: E402
+from harness.process import connect_unix  # noqa: E402
 
 XEN_RANGE = (0xFFFF82D040000000, 0xFFFF82D0C0000000)
 USER_TOP = 0x0000800000000000
@@ -55,16 +55,7 @@ def kallsyms(text: str) -> tuple[list[int], list[str]]:
 
 class Monitor:
     def __init__(self, path: str):
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                self.sock = socket.socket(socket.AF_UNIX)
-                self.sock.connect(path)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        self.sock = connect_unix(path, 120)
         self.buf = b""
         self.read_prompt()
 

@@ -97,6 +97,13 @@ pub fn gso_extra(size: u16, ty: u8, more: bool) -> [u8; 8] {
     [EXTRA_TYPE_GSO, u8::from(more), s[0], s[1], ty, 0, 0, 0]
 }
 
+/// An extra-info slot's 8 bytes as they sit in a 12-byte TX slot.
+pub fn tx_extra_slot(extra: [u8; 8]) -> [u8; TX_SLOT] {
+    let mut b = [0u8; TX_SLOT];
+    b[..8].copy_from_slice(&extra);
+    b
+}
+
 /// A `netif_tx_response` (id, status), padded to the TX slot.
 pub fn tx_response(id: u16, status: i16) -> [u8; TX_SLOT] {
     let mut b = [0u8; TX_SLOT];
@@ -405,9 +412,7 @@ mod tests {
     }
 
     fn extra(bytes: [u8; 8]) -> [u8; TX_SLOT] {
-        let mut b = [0u8; TX_SLOT];
-        b[..8].copy_from_slice(&bytes);
-        b
+        tx_extra_slot(bytes)
     }
 
     fn parse(slots: &[[u8; TX_SLOT]]) -> TxParse {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -109,3 +110,19 @@ def stop(proc: subprocess.Popen | None, timeout: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=timeout)
+
+
+def connect_unix(path: str, timeout: float = 30.0) -> socket.socket:
+    """A connected Unix stream socket to ``path``, retried until a child (QEMU's
+    monitor or QMP) has created and is listening on it, for at most ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX)
+        try:
+            sock.connect(path)
+            return sock
+        except OSError:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
