@@ -10,7 +10,6 @@ be the socket server (gsonet in client mode).
 """
 
 import os
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -260,10 +259,7 @@ def test_qemu_server_gsonet_client(guest_env, tmp_path_factory):
                 name="gsonet-client")
     try:
         g.start()
-        deadline = time.monotonic() + 30
-        while not os.path.exists(sock):
-            assert g.alive() and time.monotonic() < deadline, g.qemu_stderr()
-            time.sleep(0.05)
+        g.wait_socket(sock)
         gs.start()
         set_addr(tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
         g.wait_booted()

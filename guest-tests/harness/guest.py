@@ -57,6 +57,15 @@ class Guest:
     def qemu_stderr(self) -> str:
         return self._stderr.text() if self._stderr else ""
 
+    def wait_socket(self, path: str, timeout: float = 30.0) -> None:
+        """Wait until QEMU (a vhost-user server) has created its socket ``path``."""
+        deadline = time.monotonic() + timeout
+        while not Path(path).exists():
+            if not self.alive() or time.monotonic() > deadline:
+                raise HarnessError(f"{self.name}: no socket {path}\n"
+                                   f"QEMU stderr:\n{self.qemu_stderr()[-2000:]}")
+            time.sleep(0.05)
+
     def _wait_for(self, pattern: str, start: int, timeout: float) -> re.Match:
         assert self.console
         return self.console.wait_for(
