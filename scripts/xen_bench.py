@@ -72,9 +72,8 @@ def main() -> int:
         print(f"{label:<16}{fmt(g):>10}{fmt(k):>10}{fmt(q):>10}{ratio(g, k):>10}"
               f"{ratio(g, q):>10}{ratio(k, q):>12}")
     # CPU per byte: what each netback costs the machine, next to what it moves.
-    print(f"\nCPU seconds per GB moved (dom0's vCPUs / of them gsonet's threads / "
-          f"all domains)")
-    print(f"{'path':<16}{'gsonet':>22}{'kernel':>16}{'QEMU':>16}")
+    print("\nCPU seconds per GB moved: dom0 / gsonet's threads (of dom0's) / all domains")
+    print(f"{'path':<16}{'gsonet':>26}{'kernel':>20}{'QEMU':>20}")
     for label, key in ROWS:
         cells = []
         for prefix in ("gsonet", "kernel", "qemu"):
@@ -84,13 +83,13 @@ def main() -> int:
             if not gb or dom0 is None or doms is None:
                 cells.append("-")
             elif prefix == "gsonet":
-                cells.append(f"{dom0 / gb:.1f} / {(gs or 0) / gb:.1f} / {doms / gb:.1f}")
+                cells.append(f"{dom0 / gb:.0f} / {(gs or 0) / gb:.0f} / {doms / gb:.0f}")
             else:
-                cells.append(f"{dom0 / gb:.1f} / {doms / gb:.1f}")
+                cells.append(f"{dom0 / gb:.0f} / {doms / gb:.0f}")
             table.setdefault(key, {})[f"{prefix}_cpu_per_gb"] = (
                 None if not gb or dom0 is None else
                 {"dom0": dom0 / gb, "gsonet": (gs or 0) / gb, "domains": (doms or 0) / gb})
-        print(f"{label:<16}{cells[0]:>22}{cells[1]:>16}{cells[2]:>16}")
+        print(f"{label:<16}{cells[0]:>26}{cells[1]:>20}{cells[2]:>20}")
     on, off = get("gsonet", "domu_to_dom0_mbps"), get("gsonet.nooffload", "domu_to_dom0_mbps")
     if on is not None:
         print(f"gsonet domU -> dom0, offloads on / `tso off gso off`: {ratio(on, off)}")
