@@ -116,24 +116,29 @@ impl Front {
         let port = evt.bind_unbound(0).context("unbound event channel")?;
         let _ = xs.rm(&be);
         let _ = xs.rm(&fe);
-        for (k, v) in [
-            ("backend", be.as_str()),
-            ("backend-id", "0"),
-            ("handle", &devid.to_string()),
-            ("mac", mac),
-            ("state", "1"),
-        ] {
-            xs.write(&format!("{fe}/{k}"), v)?;
-        }
-        for (k, v) in [
-            ("frontend", fe.as_str()),
-            ("frontend-id", "0"),
-            ("handle", &devid.to_string()),
-            ("mac", mac),
-            ("online", "1"),
-        ] {
-            xs.write(&format!("{be}/{k}"), v)?;
-        }
+        let handle = devid.to_string();
+        write_keys(
+            &mut xs,
+            &fe,
+            &[
+                ("backend", &be),
+                ("backend-id", "0"),
+                ("handle", &handle),
+                ("mac", mac),
+                ("state", "1"),
+            ],
+        )?;
+        write_keys(
+            &mut xs,
+            &be,
+            &[
+                ("frontend", &fe),
+                ("frontend-id", "0"),
+                ("handle", &handle),
+                ("mac", mac),
+                ("online", "1"),
+            ],
+        )?;
         let mut f = Front {
             xs,
             fe,
@@ -153,19 +158,25 @@ impl Front {
     }
 
     fn offer_rings(&mut self) -> Result<()> {
-        let fe = self.fe.clone();
-        for (k, v) in [
-            ("tx-ring-ref", self.pages.gref(0).to_string()),
-            ("rx-ring-ref", self.pages.gref(1).to_string()),
-            ("event-channel", self.port.to_string()),
-            ("request-rx-copy", "1".into()),
-            ("feature-rx-notify", "1".into()),
-            ("feature-sg", "1".into()),
-            ("feature-gso-tcpv4", "1".into()),
-            ("state", "4".into()),
-        ] {
-            self.xs.write(&format!("{fe}/{k}"), &v)?;
-        }
+        let (tx, rx, evt) = (
+            self.pages.gref(0).to_string(),
+            self.pages.gref(1).to_string(),
+            self.port.to_string(),
+        );
+        write_keys(
+            &mut self.xs,
+            &self.fe,
+            &[
+                ("tx-ring-ref", &tx),
+                ("rx-ring-ref", &rx),
+                ("event-channel", &evt),
+                ("request-rx-copy", "1"),
+                ("feature-rx-notify", "1"),
+                ("feature-sg", "1"),
+                ("feature-gso-tcpv4", "1"),
+                ("state", "4"),
+            ],
+        )?;
         self.await_backend(4)
     }
 
@@ -256,6 +267,14 @@ impl Front {
             Some(got) => format!("fail:answers:{got:?}:want:{want:?}"),
         }
     }
+}
+
+/// Writes each `key = value` under the xenstore directory `dir`, in order.
+fn write_keys(xs: &mut Xenstore, dir: &str, keys: &[(&str, &str)]) -> Result<()> {
+    for (k, v) in keys {
+        xs.write(&format!("{dir}/{k}"), v)?;
+    }
+    Ok(())
 }
 
 fn report(case: &str, outcome: &str) {

@@ -79,16 +79,14 @@ def main() -> int:
         for prefix in ("gsonet", "kernel", "qemu"):
             mbps = get(prefix, key)
             gb = mbps * args.seconds / 8000 if mbps else None
-            dom0, gs, doms = (get(prefix, f"{key}.cpu_{w}") for w in ("dom0", "gsonet", "domains"))
-            if not gb or dom0 is None or doms is None:
-                cells.append("-")
-            elif prefix == "gsonet":
-                cells.append(f"{dom0 / gb:.0f} / {(gs or 0) / gb:.0f} / {doms / gb:.0f}")
-            else:
-                cells.append(f"{dom0 / gb:.0f} / {doms / gb:.0f}")
-            table.setdefault(key, {})[f"{prefix}_cpu_per_gb"] = (
-                None if not gb or dom0 is None else
-                {"dom0": dom0 / gb, "gsonet": (gs or 0) / gb, "domains": (doms or 0) / gb})
+            used = {w: get(prefix, f"{key}.cpu_{w}") for w in ("dom0", "gsonet", "domains")}
+            per_gb = None
+            if gb and used["dom0"] is not None and used["domains"] is not None:
+                per_gb = {w: (v or 0) / gb for w, v in used.items()}
+            table.setdefault(key, {})[f"{prefix}_cpu_per_gb"] = per_gb
+            shown = ("dom0", "gsonet", "domains") if prefix == "gsonet" else ("dom0", "domains")
+            cells.append("-" if per_gb is None
+                         else " / ".join(f"{per_gb[w]:.0f}" for w in shown))
         print(f"{label:<16}{cells[0]:>26}{cells[1]:>20}{cells[2]:>20}")
     on, off = get("gsonet", "domu_to_dom0_mbps"), get("gsonet.nooffload", "domu_to_dom0_mbps")
     if on is not None:

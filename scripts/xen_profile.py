@@ -119,11 +119,14 @@ def main() -> int:
     jit: dict[str, dict[str, int]] = {}
     jit_at_start: dict[str, int] = {}
     current = None
-    pos = 0
     period = 1.0 / args.hz
-    while runner.is_alive() and log is not None:
-        text = log.read_text(errors="replace")
-        for line in text[pos:].splitlines():
+    console = open(log, errors="replace") if log is not None else None
+    partial = ""
+    while runner.is_alive() and console is not None:
+        # Only what was written since the last look, whole lines only.
+        partial += console.read()
+        *lines, partial = partial.split("\n")
+        for line in lines:
             if line.startswith("XT-MEASURE start "):
                 current = line.split()[2]
                 jit_at_start = mon.jit_counts()
@@ -133,7 +136,6 @@ def main() -> int:
                     jit[current] = {k: v - jit_at_start.get(k, 0) for k, v in end.items()
                                     if "flush" in k.lower()}
                 current = None
-        pos = len(text)
         if current is None:
             time.sleep(0.2)
             continue
@@ -146,6 +148,8 @@ def main() -> int:
             samples[current]["(halted)" if halted else rip] += 1
         time.sleep(max(0.0, period - (time.monotonic() - t0)))
     runner.join()
+    if console is not None:
+        console.close()
     run = result.get("run")
     addrs, names = kallsyms(run.console if run else "")
 

@@ -106,14 +106,6 @@ impl GrantedPages {
     pub fn gref(&self, i: usize) -> GrantRef {
         self.grefs[i]
     }
-
-    pub fn len(&self) -> usize {
-        self.pages.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pages.is_empty()
-    }
 }
 
 impl Drop for GrantedPages {
