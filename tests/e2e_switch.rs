@@ -337,6 +337,41 @@ fn uso4_to_uso_peer_arrives_whole() {
     );
 }
 
+/// A burst of UDP datagrams of one flow from B reaches A, which acked GUEST_USO4, as
+/// one USO frame gsonet built: the datagrams' payloads in order, one datagram's size
+/// as gso_size, a partial checksum that completes right.
+#[test]
+fn a_burst_of_udp_datagrams_reaches_a_uso_peer_coalesced() {
+    let (d, mut a, mut b) = two();
+    let flow = Flow::new(b_mac(), a_mac(), Ips::v4()).ports(5300, 5301);
+    let n = 12;
+    let sent: Vec<_> = (0..n)
+        .map(|i| {
+            let data = frames::payload(if i + 1 == n { 300 } else { 1472 }, 30 + i as u32);
+            let spec = gsonet::testkit::frames::FrameSpec {
+                ip_id: 0x100 + i as u16,
+                df: true,
+                ..flow.spec(false, &data)
+            };
+            frames::build_with(&spec, None)
+        })
+        .collect();
+    b.send_batch(&sent, TxLayout::Single).unwrap();
+    let mut got = recv_where(&mut a, T, |x| !is_hello(x)).expect("frame at A");
+    assert_eq!(got.hdr.gso.kind, GsoKind::UdpL4, "{:?}", got.hdr);
+    assert_eq!((got.hdr.gso_size, got.hdr.csum_offset), (1472, 6));
+    assert!(got.hdr.needs_csum());
+    frames::finish_if_partial(&got.hdr, &mut got.frame).unwrap();
+    let u = frames::parse_udp(&got.frame).expect("etherparse, checksums");
+    let payloads: Vec<u8> = sent.iter().flat_map(|(_, f)| f[42..].to_vec()).collect();
+    assert!(u.payload == payloads, "payload differs");
+    assert_eq!(u.ip_id, Some(0x100));
+    assert!(a.recv(QUIET).is_none(), "more than one frame at A");
+    let s = d.stats().unwrap();
+    assert_eq!(port_counter(&s, 0, "gro_frames"), 1, "{s:#}");
+    assert_eq!(port_counter(&s, 0, "gro_segments"), n as u64, "{s:#}");
+}
+
 #[test]
 fn ufo4_to_ufo_peer_arrives_whole() {
     let data = frames::payload(30000, 14);

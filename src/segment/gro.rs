@@ -1,9 +1,10 @@
-//! GRO: coalesces in-order TCP segments of one flow into one GSO frame for a receiver
-//! that accepts GSO, by Linux's rules (tcp_gro_receive, inet/ipv6_gro_receive). Pure:
-//! frames in, frames out through a callback, no I/O and no clock; the caller decides
-//! when a batch ends and calls [`Coalescer::flush`].
+//! GRO: coalesces in-order TCP segments of one flow into one TSO frame, and UDP
+//! datagrams of one flow into one USO frame, for a receiver that accepts them, by
+//! Linux's rules (tcp_gro_receive, udp_gro_receive_segment, inet/ipv6_gro_receive).
+//! Pure: frames in, frames out through a callback, no I/O and no clock; the caller
+//! decides when a batch ends and calls [`Coalescer::flush`].
 //!
-//! A segment joins the frame held for its flow when
+//! A TCP segment joins the frame held for its flow when
 //! - it is TCP over IPv4 without options and not a fragment, or IPv6 without
 //!   extension headers; its IP length matches the frame (no Ethernet padding);
 //! - its checksum is partial (NEEDS_CSUM at the TCP checksum), vouched for
@@ -23,10 +24,18 @@
 //! PSH, FIN and a segment shorter than the MSS end the frame (after joining it). A
 //! segment that cannot join ends its flow's frame first, so a flow is never reordered.
 //! A frame that holds one segment leaves exactly as it came.
+//!
+//! A UDP datagram joins by the same IP rules, with its UDP length matching the frame
+//! and its payload at most the first datagram's (the segment size); a shorter one
+//! ends the frame. Its checksum is partial, vouched for, or complete, non-zero and
+//! correct: a zero (absent) IPv4 UDP checksum passes alone, since the USO frame would
+//! give every datagram one (Linux merges those too; re-cutting could not give them
+//! back byte for byte). The frame's UDP length is the whole frame's, as Linux's
+//! udp_gro_complete leaves it.
 
 use super::csum::{self, Checksum};
 use super::ip::{be16, be32, pseudo, put16};
-use super::parse::{gather, parse_prefix, Headers, IPPROTO_TCP, L3, L4, MAX_HEADERS};
+use super::parse::{gather, parse_prefix, Headers, IPPROTO_TCP, IPPROTO_UDP, L3, L4, MAX_HEADERS};
 use super::tcp::{TCP_CSUM_OFFSET, TCP_CWR, TCP_FIN, TCP_PSH};
 use crate::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr, F_DATA_VALID, F_NEEDS_CSUM};
 
@@ -40,6 +49,8 @@ const MAX_L3: usize = 0xffff;
 const TCP_RST: u8 = 0x04;
 const TCP_SYN: u8 = 0x02;
 const TCP_URG: u8 = 0x20;
+/// Where the UDP checksum sits in its header.
+const UDP_CSUM_OFFSET: u16 = 6;
 
 /// One frame handed out: a coalesced GSO frame, or a frame that held one segment (its
 /// original header and bytes).
@@ -67,6 +78,36 @@ enum IdMode {
     Fixed,
 }
 
+/// Which frames a receiver takes as GSO, so which may be coalesced for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kinds {
+    /// TCP over IPv4 (TSO4), over IPv6 (TSO6).
+    pub tcp4: bool,
+    pub tcp6: bool,
+    /// UDP over IPv4 (USO4), over IPv6 (USO6).
+    pub udp4: bool,
+    pub udp6: bool,
+}
+
+impl Kinds {
+    pub const ALL: Kinds = Kinds {
+        tcp4: true,
+        tcp6: true,
+        udp4: true,
+        udp6: true,
+    };
+
+    fn takes(&self, h: &Headers) -> bool {
+        match (h.l4, h.l3) {
+            (L4::Tcp, L3::Ipv4) => self.tcp4,
+            (L4::Tcp, L3::Ipv6) => self.tcp6,
+            (L4::Udp, L3::Ipv4) => self.udp4,
+            (L4::Udp, L3::Ipv6) => self.udp6,
+            _ => false,
+        }
+    }
+}
+
 /// The frame held for one flow: the head's headers and bytes, then the payloads.
 struct Flow {
     h: Headers,
@@ -89,9 +130,8 @@ pub struct Coalescer {
     flows: Vec<Flow>,
     /// Buffers of emitted flows, kept for the next ones.
     spare: Vec<Vec<u8>>,
-    /// Which frames the receiver takes: TCP over IPv4, over IPv6.
-    v4: bool,
-    v6: bool,
+    /// Which frames the receiver takes as GSO.
+    kinds: Kinds,
 }
 
 impl Default for Coalescer {
@@ -99,8 +139,7 @@ impl Default for Coalescer {
         Coalescer {
             flows: Vec::new(),
             spare: Vec::new(),
-            v4: true,
-            v6: true,
+            kinds: Kinds::ALL,
         }
     }
 }
@@ -119,9 +158,12 @@ fn same_headers(a: &[u8], b: &[u8], h: &Headers) -> bool {
         L3::Ipv4 => o + 12..o + 20,
         L3::Ipv6 => o + 8..o + 40,
     };
-    ip_same
-        && a[..o] == b[..o]
-        && a[addrs.clone()] == b[addrs]
+    let same = ip_same && a[..o] == b[..o] && a[addrs.clone()] == b[addrs];
+    if h.l4 == L4::Udp {
+        // Ports; UDP length and checksum skipped.
+        return same && a[l4..l4 + 4] == b[l4..l4 + 4];
+    }
+    same
         // Ports; then ACK number, data offset; flags but PSH and FIN; window; then
         // urgent pointer and options. Sequence number and checksum skipped.
         && a[l4..l4 + 4] == b[l4..l4 + 4]
@@ -131,9 +173,9 @@ fn same_headers(a: &[u8], b: &[u8], h: &Headers) -> bool {
         && a[l4 + 18..hl] == b[l4 + 18..hl]
 }
 
-/// Whether `a` and `b` are segments of one TCP connection (addresses and ports).
+/// Whether `a` and `b` belong to one flow (protocol, addresses and ports).
 fn same_flow(a: &Headers, ab: &[u8], b: &Headers, bb: &[u8]) -> bool {
-    if a.l3 != b.l3 || a.vlan_tags != b.vlan_tags || a.l3_off != b.l3_off {
+    if a.l3 != b.l3 || a.l4 != b.l4 || a.vlan_tags != b.vlan_tags || a.l3_off != b.l3_off {
         return false;
     }
     let o = a.l3_off;
@@ -146,9 +188,10 @@ fn same_flow(a: &Headers, ab: &[u8], b: &Headers, bb: &[u8]) -> bool {
         && ab[a.l4_off..a.l4_off + 4] == bb[b.l4_off..b.l4_off + 4]
 }
 
-/// The TCP sum over the L4 bytes of `parts` from `l4_off` on, with the pseudo-header.
+/// Whether the L4 sum over the bytes of `parts` from `l4_off` on, with the
+/// pseudo-header, comes out right.
 fn l4_verified(parts: &[&[u8]], hdr: &[u8], h: &Headers) -> bool {
-    let mut c = pseudo(hdr, h, IPPROTO_TCP, h.frame_len - h.l4_off);
+    let mut c = pseudo(hdr, h, h.l4_proto(), h.frame_len - h.l4_off);
     let mut skip = h.l4_off;
     for p in parts {
         if skip >= p.len() {
@@ -174,8 +217,12 @@ struct Seg {
 fn examine(vnet: &VirtioNetHdr, parts: &[&[u8]], hdr: &[u8], h: Headers) -> Seg {
     let (o, l4) = (h.l3_off, h.l4_off);
     let payload = h.payload_len();
-    let flags = hdr[l4 + 13];
-    let seq = be32(hdr, l4 + 4);
+    let udp = h.l4 == L4::Udp;
+    let (flags, seq) = if udp {
+        (0, 0)
+    } else {
+        (hdr[l4 + 13], be32(hdr, l4 + 4))
+    };
     let l3_total = h.frame_len - o;
     let ip_ok = match h.l3 {
         L3::Ipv4 => {
@@ -186,13 +233,22 @@ fn examine(vnet: &VirtioNetHdr, parts: &[&[u8]], hdr: &[u8], h: Headers) -> Seg 
         }
         L3::Ipv6 => h.l3_len == 40 && usize::from(be16(hdr, o + 4)) + 40 == l3_total,
     };
-    let flags_ok = flags & (TCP_URG | TCP_RST | TCP_SYN | TCP_CWR) == 0;
+    let l4_ok = if udp {
+        usize::from(be16(hdr, l4 + 4)) == h.frame_len - l4
+    } else {
+        flags & (TCP_URG | TCP_RST | TCP_SYN | TCP_CWR) == 0
+    };
+    let csum_offset = if udp {
+        UDP_CSUM_OFFSET
+    } else {
+        TCP_CSUM_OFFSET
+    };
     let csum_ok = || match vnet.flags & (F_NEEDS_CSUM | F_DATA_VALID) {
-        F_NEEDS_CSUM => usize::from(vnet.csum_start) == l4 && vnet.csum_offset == TCP_CSUM_OFFSET,
-        0 => l4_verified(parts, hdr, &h),
+        F_NEEDS_CSUM => usize::from(vnet.csum_start) == l4 && vnet.csum_offset == csum_offset,
+        0 => !(udp && be16(hdr, l4 + 6) == 0) && l4_verified(parts, hdr, &h),
         _ => vnet.flags & F_DATA_VALID != 0 && vnet.flags & F_NEEDS_CSUM == 0,
     };
-    let eligible = ip_ok && flags_ok && payload > 0 && csum_ok();
+    let eligible = ip_ok && l4_ok && payload > 0 && csum_ok();
     Seg {
         h,
         payload,
@@ -207,10 +263,9 @@ impl Coalescer {
         Self::default()
     }
 
-    /// Coalesces TCP over IPv4 (`v4`, TSO4) and over IPv6 (`v6`, TSO6) only; segments
-    /// of the other pass.
-    pub fn accept(&mut self, v4: bool, v6: bool) {
-        (self.v4, self.v6) = (v4, v6);
+    /// Coalesces only the kinds the receiver takes as GSO; frames of the others pass.
+    pub fn accept(&mut self, kinds: Kinds) {
+        self.kinds = kinds;
     }
 
     /// Whether no frame is held.
@@ -241,7 +296,7 @@ impl Coalescer {
                 Err(_) => return Offer::Pass,
             },
         };
-        if h.l4 != L4::Tcp || h.hdr_len() > n {
+        if !matches!(h.l4, L4::Tcp | L4::Udp) || h.hdr_len() > n {
             return Offer::Pass;
         }
         let hdr = &hdr[..h.hdr_len()];
@@ -257,15 +312,14 @@ impl Coalescer {
             return Offer::Pass;
         }
         let mut seg = examine(vnet, parts, hdr, h);
-        seg.eligible &= match h.l3 {
-            L3::Ipv4 => self.v4,
-            L3::Ipv6 => self.v6,
-        };
+        seg.eligible &= self.kinds.takes(&h);
         if let Some(i) = at {
             if seg.eligible && self.joins(i, &seg, hdr) {
                 let f = &mut self.flows[i];
                 copy_from(parts, seg.h.hdr_len(), &mut f.buf);
-                f.buf[f.h.l4_off + 13] |= seg.flags & (TCP_PSH | TCP_FIN);
+                if f.h.l4 == L4::Tcp {
+                    f.buf[f.h.l4_off + 13] |= seg.flags & (TCP_PSH | TCP_FIN);
+                }
                 f.segs += 1;
                 f.next_seq = seg.seq.wrapping_add(seg.payload as u32);
                 let full = f.segs == MAX_SEGS || f.l3_len() + f.mss > MAX_L3;
@@ -305,7 +359,7 @@ impl Coalescer {
         if a.l4_off != b.l4_off || a.l4_len != b.l4_len || a.l3_len != b.l3_len {
             return false;
         }
-        if seg.seq != f.next_seq
+        if (a.l4 == L4::Tcp && seg.seq != f.next_seq)
             || seg.payload > f.mss
             || f.l3_len() + seg.payload > MAX_L3
             || !same_headers(&f.buf, hdr, &f.h)
@@ -370,35 +424,40 @@ fn copy_from(parts: &[&[u8]], from: usize, out: &mut Vec<u8>) {
     }
 }
 
-/// Writes a coalesced frame's lengths and checksums (IPv4 header complete, TCP partial
-/// over the pseudo-header) and returns its GSO header.
+/// Writes a coalesced frame's lengths and checksums (IPv4 header complete, TCP or UDP
+/// partial over the pseudo-header) and returns its GSO header.
 fn seal(f: &mut Flow) -> VirtioNetHdr {
     let h = f.h;
     let (o, l4) = (h.l3_off, h.l4_off);
     let l3_total = f.l3_len();
     let buf = &mut f.buf[..];
-    let kind = match h.l3 {
+    match h.l3 {
         L3::Ipv4 => {
             put16(buf, o + 2, l3_total as u16);
             put16(buf, o + 10, 0);
             let c = csum::checksum(&buf[o..o + h.l3_len]);
             put16(buf, o + 10, c);
-            GsoKind::TcpV4
         }
-        L3::Ipv6 => {
-            put16(buf, o + 4, (l3_total - 40) as u16);
-            GsoKind::TcpV6
+        L3::Ipv6 => put16(buf, o + 4, (l3_total - 40) as u16),
+    }
+    let l4_len = buf.len() - l4;
+    let (kind, proto, csum_offset) = match (h.l4, h.l3) {
+        (L4::Udp, _) => {
+            put16(buf, l4 + 4, l4_len as u16);
+            (GsoKind::UdpL4, IPPROTO_UDP, UDP_CSUM_OFFSET)
         }
+        (_, L3::Ipv4) => (GsoKind::TcpV4, IPPROTO_TCP, TCP_CSUM_OFFSET),
+        (_, L3::Ipv6) => (GsoKind::TcpV6, IPPROTO_TCP, TCP_CSUM_OFFSET),
     };
-    let sum: Checksum = pseudo(buf, &h, IPPROTO_TCP, buf.len() - l4);
-    put16(buf, l4 + TCP_CSUM_OFFSET as usize, sum.fold());
+    let sum: Checksum = pseudo(buf, &h, proto, l4_len);
+    put16(buf, l4 + usize::from(csum_offset), sum.fold());
     VirtioNetHdr {
         flags: F_NEEDS_CSUM,
         gso: GsoType::new(kind),
         hdr_len: h.hdr_len() as u16,
         gso_size: f.mss as u16,
         csum_start: l4 as u16,
-        csum_offset: TCP_CSUM_OFFSET,
+        csum_offset,
         ..VirtioNetHdr::default()
     }
 }
@@ -411,6 +470,7 @@ mod tests {
 
     fn flow() -> Flow {
         Flow {
+            udp: false,
             v6: false,
             vlan: false,
             timestamps: true,
@@ -447,30 +507,95 @@ mod tests {
     }
 
     #[test]
-    fn fixed_ids_merge_only_with_df() {
-        let f = flow();
-        let mut segs: Vec<_> = (0..3)
+    fn udp_datagrams_become_one_uso_frame_for_a_receiver_that_takes_it() {
+        let f = Flow {
+            udp: true,
+            full: true,
+            ..flow()
+        };
+        let dgrams: Vec<_> = (0..6)
+            .map(|i| {
+                let len = if i == 5 { 700 } else { 1448 };
+                segment(&f, i, i * 1448, len, Twist::None)
+            })
+            .collect();
+        let out = run(&mut Coalescer::new(), &dgrams, 0);
+        assert_eq!(out.len(), 1);
+        let (h, bytes, n) = &out[0];
+        assert_eq!((h.gso.kind, h.gso_size, *n), (GsoKind::UdpL4, 1448, 6));
+        assert_eq!((h.csum_start, h.csum_offset, h.hdr_len), (34, 6, 42));
+        // The UDP length is the whole frame's.
+        assert_eq!(usize::from(be16(bytes, 38)), bytes.len() - 34);
+        // A receiver without USO4 gets them as they came.
+        let mut co = Coalescer::new();
+        co.accept(Kinds {
+            udp4: false,
+            ..Kinds::ALL
+        });
+        assert_eq!(run(&mut co, &dgrams, 0).len(), 6);
+        // A longer datagram cannot join a frame of shorter ones: it starts its own.
+        let mut grow = dgrams[..2].to_vec();
+        grow.push(segment(&f, 2, 2 * 1448, 1472, Twist::None));
+        let out = run(&mut Coalescer::new(), &grow, 0);
+        assert_eq!(out.iter().map(|o| o.2).collect::<Vec<_>>(), [2, 1]);
+    }
+
+    #[test]
+    fn udp_without_a_checksum_or_with_a_wrong_length_passes_alone() {
+        let f = Flow {
+            udp: true,
+            full: true,
+            ..flow()
+        };
+        let mut dgrams: Vec<_> = (0..3)
             .map(|i| segment(&f, i, i * 1448, 1448, Twist::None))
             .collect();
-        // Every segment with the head's ID, DF set (the builder's default).
-        let id = segs[0].1[18..20].to_vec();
-        for s in &mut segs[1..] {
-            s.1[18..20].copy_from_slice(&id);
-            s.1[24..26].fill(0);
-            let c = csum::checksum(&s.1[14..34]);
-            s.1[24..26].copy_from_slice(&c.to_be_bytes());
+        for d in &mut dgrams {
+            d.1[40..42].fill(0);
         }
-        let out = run(&mut Coalescer::new(), &segs, 0);
-        assert_eq!(out.iter().map(|o| o.2).collect::<Vec<_>>(), [3]);
-        // Without DF, a fixed ID is no sequence: nothing merges.
-        for s in &mut segs {
-            s.1[20] &= !0x40;
-            s.1[24..26].fill(0);
-            let c = csum::checksum(&s.1[14..34]);
-            s.1[24..26].copy_from_slice(&c.to_be_bytes());
-        }
-        let out = run(&mut Coalescer::new(), &segs, 0);
+        let out = run(&mut Coalescer::new(), &dgrams, 0);
         assert_eq!(out.iter().map(|o| o.2).collect::<Vec<_>>(), [1, 1, 1]);
+        // A UDP length that disagrees with the frame (checksum left to the device).
+        let p = Flow { full: false, ..f };
+        let mut dgrams: Vec<_> = (0..3)
+            .map(|i| segment(&p, i, i * 1448, 1448, Twist::None))
+            .collect();
+        dgrams[1].1[39] ^= 1;
+        let out = run(&mut Coalescer::new(), &dgrams, 0);
+        assert!(
+            out.iter().all(|o| o.2 == 1),
+            "{:?}",
+            out.iter().map(|o| o.2).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn fixed_ids_merge_only_with_df() {
+        for udp in [false, true] {
+            let f = Flow { udp, ..flow() };
+            let mut segs: Vec<_> = (0..3)
+                .map(|i| segment(&f, i, i * 1448, 1448, Twist::None))
+                .collect();
+            // Every segment with the head's ID, DF set (the builder's default).
+            let id = segs[0].1[18..20].to_vec();
+            for s in &mut segs[1..] {
+                s.1[18..20].copy_from_slice(&id);
+                s.1[24..26].fill(0);
+                let c = csum::checksum(&s.1[14..34]);
+                s.1[24..26].copy_from_slice(&c.to_be_bytes());
+            }
+            let out = run(&mut Coalescer::new(), &segs, 0);
+            assert_eq!(out.iter().map(|o| o.2).collect::<Vec<_>>(), [3]);
+            // Without DF, a fixed ID is no sequence: nothing merges.
+            for s in &mut segs {
+                s.1[20] &= !0x40;
+                s.1[24..26].fill(0);
+                let c = csum::checksum(&s.1[14..34]);
+                s.1[24..26].copy_from_slice(&c.to_be_bytes());
+            }
+            let out = run(&mut Coalescer::new(), &segs, 0);
+            assert_eq!(out.iter().map(|o| o.2).collect::<Vec<_>>(), [1, 1, 1]);
+        }
     }
 
     #[test]

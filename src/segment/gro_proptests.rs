@@ -1,5 +1,5 @@
-//! Property tests of GRO: random flows (v4/v6, tags, timestamps, MSS, partial or
-//! complete checksums), interleaved, with gaps, repeats and every rule breaker mixed
+//! Property tests of GRO: random flows (TCP or UDP, v4/v6, tags, timestamps, MSS,
+//! partial or complete checksums), interleaved, with gaps, repeats and every rule breaker mixed
 //! in. Every coalesced frame is checked by etherparse and cut again by the segmenter:
 //! each flow's segments must come back in order, byte for byte.
 
@@ -20,13 +20,14 @@ fn cases() -> u32 {
 fn flow(sport: u16) -> impl Strategy<Value = Flow> {
     (
         (any::<bool>(), any::<bool>(), any::<bool>()),
-        (any::<bool>(), any::<bool>()),
+        (any::<bool>(), any::<bool>(), prop::bool::weighted(0.3)),
         prop_oneof![2 => 1usize..2000, 1 => 1400usize..1460, 1 => 8000usize..9000],
         any::<u32>(),
         any::<u16>(),
     )
         .prop_map(
-            move |((v6, vlan, timestamps), (full, valid), mss, seq0, id0)| Flow {
+            move |((v6, vlan, timestamps), (full, valid, udp), mss, seq0, id0)| Flow {
+                udp,
                 v6,
                 vlan,
                 timestamps,
@@ -64,7 +65,11 @@ proptest! {
         let full = BTreeMap::from([(f.sport, f.full)]);
         prop_assert_eq!(expand(&out, &full), by_flow(&inputs));
         // As few frames as the limits allow: 64 segments and 64 KiB of L3 each.
-        let hdrs = if f.v6 { 40 } else { 20 } + 20 + if f.timestamps { 12 } else { 0 };
+        let l4 = match (f.udp, f.timestamps) {
+            (true, _) => 8,
+            (false, ts) => 20 + if ts { 12 } else { 0 },
+        };
+        let hdrs = if f.v6 { 40 } else { 20 } + l4;
         let per = MAX_SEGS.min((0xffff - hdrs) / f.mss).max(1);
         prop_assert_eq!(out.len(), n.div_ceil(per), "{:?}", out.iter().map(|o| o.2).collect::<Vec<_>>());
     }
@@ -91,12 +96,13 @@ proptest! {
                 _ => next[fi],
             };
             let len = if t == Twist::Short { 1 + fl.mss / 3 } else { fl.mss };
-            let seg = segment(fl, i, i * fl.mss, len, t);
+            let id = repeat_id(fl, i, next[fi]);
+            let seg = segment(fl, id, i * fl.mss, len, t);
             if t.breaks(fl) {
                 breakers.push(seg.1.clone());
             }
             inputs.push(seg);
-            next[fi] = i + 1;
+            next[fi] = id.max(i) + 1;
         }
         let out = run(&mut Coalescer::new(), &inputs, split);
         let full = flows.iter().map(|f| (f.sport, f.full)).collect();

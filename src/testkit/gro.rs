@@ -1,5 +1,5 @@
-//! GRO test support: TCP segments of a few flows as senders hand them over (partial
-//! or complete checksums, with rule breakers mixed in), the coalescer run over them,
+//! GRO test support: TCP segments and UDP datagrams of a few flows as senders hand
+//! them over (partial or complete checksums, with rule breakers mixed in), the coalescer run over them,
 //! and the check that every coalesced frame, parsed by etherparse and cut again by the
 //! segmenter, gives back exactly the segments that went in. Also the fuzz entry.
 
@@ -17,6 +17,8 @@ use crate::vnet_hdr::{VirtioNetHdr, F_DATA_VALID, F_NEEDS_CSUM};
 /// One flow: its shape and how its sender leaves checksums.
 #[derive(Clone, Debug)]
 pub struct Flow {
+    /// UDP datagrams (the TCP-only twists leave them plain); else TCP segments.
+    pub udp: bool,
     pub v6: bool,
     pub vlan: bool,
     pub timestamps: bool,
@@ -74,10 +76,20 @@ impl Twist {
         Twist::Short,
     ];
 
+    /// Whether it changes a segment of `flow` (TCP flags, window and timestamps mean
+    /// nothing to UDP).
+    pub fn applies(self, flow: &Flow) -> bool {
+        !flow.udp
+            || matches!(
+                self,
+                Twist::Ce | Twist::BadCsum | Twist::IdJump | Twist::IpOpts
+            )
+    }
+
     /// A segment so twisted may never be part of a coalesced frame.
     pub fn breaks(self, flow: &Flow) -> bool {
         match self {
-            Twist::Urg | Twist::Rst | Twist::Syn | Twist::Cwr => true,
+            Twist::Urg | Twist::Rst | Twist::Syn | Twist::Cwr => !flow.udp,
             Twist::BadCsum => flow.full && !flow.valid,
             Twist::IpOpts => !flow.v6,
             _ => false,
@@ -96,24 +108,31 @@ fn ip4_csum(f: &mut [u8], l3: usize) {
     f[l3 + 10..l3 + 12].copy_from_slice(&(!c).to_be_bytes());
 }
 
-/// Completes the TCP checksum of `f`, computed by etherparse.
-pub fn complete_tcp(f: &mut [u8], l4: usize) {
+/// Completes the TCP or UDP checksum of `f`, computed by etherparse.
+pub fn complete_l4(f: &mut [u8], l4: usize) {
     let p = PacketHeaders::from_ethernet_slice(f).expect("etherparse rejects a segment");
-    let (Some(TransportHeader::Tcp(tcp)), PayloadSlice::Tcp(data)) = (&p.transport, &p.payload)
-    else {
-        panic!("not TCP");
+    let (c, at) = match (&p.transport, &p.payload, &p.net) {
+        (Some(TransportHeader::Tcp(t)), PayloadSlice::Tcp(d), Some(NetHeaders::Ipv4(h, _))) => {
+            (t.calc_checksum_ipv4(h, d).unwrap(), 16)
+        }
+        (Some(TransportHeader::Tcp(t)), PayloadSlice::Tcp(d), Some(NetHeaders::Ipv6(h, _))) => {
+            (t.calc_checksum_ipv6(h, d).unwrap(), 16)
+        }
+        (Some(TransportHeader::Udp(u)), PayloadSlice::Udp(d), Some(NetHeaders::Ipv4(h, _))) => {
+            (u.calc_checksum_ipv4(h, d).unwrap(), 6)
+        }
+        (Some(TransportHeader::Udp(u)), PayloadSlice::Udp(d), Some(NetHeaders::Ipv6(h, _))) => {
+            (u.calc_checksum_ipv6(h, d).unwrap(), 6)
+        }
+        _ => panic!("not TCP or UDP over IP"),
     };
-    let c = match &p.net {
-        Some(NetHeaders::Ipv4(h, _)) => tcp.calc_checksum_ipv4(h, data).unwrap(),
-        Some(NetHeaders::Ipv6(h, _)) => tcp.calc_checksum_ipv6(h, data).unwrap(),
-        _ => panic!("not IP"),
-    };
-    f[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
+    f[l4 + at..l4 + at + 2].copy_from_slice(&c.to_be_bytes());
 }
 
 /// Segment `i` of `flow` (payload `len` bytes from sequence offset `off`), twisted.
 pub fn segment(flow: &Flow, i: usize, off: usize, len: usize, t: Twist) -> (VirtioNetHdr, Vec<u8>) {
-    let mut opts = if flow.timestamps {
+    let t = if t.applies(flow) { t } else { Twist::None };
+    let mut opts = if flow.timestamps && !flow.udp {
         tcp_timestamps()
     } else {
         vec![]
@@ -134,6 +153,7 @@ pub fn segment(flow: &Flow, i: usize, off: usize, len: usize, t: Twist) -> (Virt
     let id = flow.id0.wrapping_add(i as u16);
     let spec = FrameSpec {
         v6: flow.v6,
+        tcp: !flow.udp,
         vlans: if flow.vlan { vec![0x8100] } else { vec![] },
         ports: Some((flow.sport, 443)),
         tcp_opts: opts,
@@ -159,10 +179,11 @@ pub fn segment(flow: &Flow, i: usize, off: usize, len: usize, t: Twist) -> (Virt
         Twist::Window => f[l4 + 14] ^= 0x01,
         _ => {}
     }
+    let csum_at = if flow.udp { 6 } else { 16 };
     let hdr = if flow.full {
-        complete_tcp(&mut f, l4);
+        complete_l4(&mut f, l4);
         if t == Twist::BadCsum && !flow.valid {
-            f[l4 + 17] ^= 0x5a;
+            f[l4 + csum_at + 1] ^= 0x5a;
         }
         VirtioNetHdr {
             flags: if flow.valid { F_DATA_VALID } else { 0 },
@@ -172,11 +193,24 @@ pub fn segment(flow: &Flow, i: usize, off: usize, len: usize, t: Twist) -> (Virt
         VirtioNetHdr {
             flags: F_NEEDS_CSUM,
             csum_start: l4 as u16,
-            csum_offset: 16,
+            csum_offset: csum_at as u16,
             ..VirtioNetHdr::default()
         }
     };
     (hdr, f)
+}
+
+/// The index whose IPv4 ID segment `i` of `fl` carries when `next` is due. A repeated
+/// UDP datagram takes a fresh one: a repeated ID under DF reads as a fixed-ID train,
+/// which joins (as in Linux) but comes back from the segmenter with incrementing IDs,
+/// since virtio has no fixed-ID flag. TCP repeats keep theirs (their sequence number
+/// keeps them apart).
+pub fn repeat_id(fl: &Flow, i: usize, next: usize) -> usize {
+    if fl.udp && i < next {
+        next
+    } else {
+        i
+    }
 }
 
 /// One frame offered: header and bytes.
@@ -206,13 +240,14 @@ fn sport(f: &[u8]) -> u16 {
     let p = PacketHeaders::from_ethernet_slice(f).expect("etherparse rejects a frame");
     match p.transport {
         Some(TransportHeader::Tcp(t)) => t.source_port,
-        _ => panic!("not TCP"),
+        Some(TransportHeader::Udp(u)) => u.source_port,
+        _ => panic!("not TCP or UDP"),
     }
 }
 
 /// Checks one coalesced frame with etherparse (lengths, IPv4 header checksum, the
-/// partial TCP checksum over the pseudo-header) and cuts it again with the segmenter
-/// (`full`: complete checksums, as its segments came).
+/// partial TCP or UDP checksum over the pseudo-header) and cuts it again with the
+/// segmenter (`full`: complete checksums, as its segments came).
 fn uncoalesce(
     hdr: &VirtioNetHdr,
     f: &[u8],
@@ -220,11 +255,17 @@ fn uncoalesce(
     full: bool,
 ) -> Vec<(VirtioNetHdr, Vec<u8>)> {
     let p = PacketHeaders::from_ethernet_slice(f).expect("etherparse rejects a coalesced frame");
-    let (Some(TransportHeader::Tcp(tcp)), PayloadSlice::Tcp(data)) = (&p.transport, &p.payload)
-    else {
-        panic!("coalesced frame is not TCP");
+    let (proto, l4_hdr, csum, data) = match (&p.transport, &p.payload) {
+        (Some(TransportHeader::Tcp(t)), PayloadSlice::Tcp(d)) => {
+            (6, t.header_len(), t.checksum, *d)
+        }
+        (Some(TransportHeader::Udp(u)), PayloadSlice::Udp(d)) => {
+            assert_eq!(usize::from(u.length), 8 + d.len());
+            (17, 8, u.checksum, *d)
+        }
+        _ => panic!("coalesced frame is not TCP or UDP"),
     };
-    let l4_len = tcp.header_len() + data.len();
+    let l4_len = l4_hdr + data.len();
     let (src, dst) = match &p.net {
         Some(NetHeaders::Ipv4(h, _)) => {
             assert_eq!(h.calc_header_checksum(), h.header_checksum);
@@ -237,11 +278,8 @@ fn uncoalesce(
         }
         _ => panic!("not IP"),
     };
-    assert_eq!(tcp.checksum, pseudo_sum(&src, &dst, 6, l4_len));
-    assert_eq!(
-        usize::from(hdr.csum_start) + tcp.header_len(),
-        f.len() - data.len()
-    );
+    assert_eq!(csum, pseudo_sum(&src, &dst, proto, l4_len));
+    assert_eq!(usize::from(hdr.csum_start) + l4_hdr, f.len() - data.len());
     assert_eq!(usize::from(hdr.hdr_len), f.len() - data.len());
     assert!(segs <= MAX_SEGS && segs > 1);
     let opts = SegmentOpts {
@@ -300,7 +338,8 @@ fn take(d: &mut &[u8], n: usize) -> u32 {
     v
 }
 
-/// Decodes fuzz input: up to 3 flows (a shape byte, an MSS, a sequence start each),
+/// Decodes fuzz input: up to 3 flows (a shape byte, an MSS, a sequence start each; a
+/// shape with bit 5 is UDP),
 /// then per segment (3 bytes): which flow, what twist, how to step (next, skip one,
 /// repeat the last). Returns the flows and what is offered.
 pub fn decode(mut d: &[u8]) -> (Vec<Flow>, Vec<Input>, usize) {
@@ -310,6 +349,7 @@ pub fn decode(mut d: &[u8]) -> (Vec<Flow>, Vec<Input>, usize) {
         .map(|i| {
             let shape = take(&mut d, 1);
             Flow {
+                udp: shape & 32 != 0,
                 v6: shape & 1 != 0,
                 vlan: shape & 2 != 0,
                 timestamps: shape & 4 != 0,
@@ -342,8 +382,9 @@ pub fn decode(mut d: &[u8]) -> (Vec<Flow>, Vec<Input>, usize) {
         } else {
             fl.mss
         };
-        inputs.push(segment(fl, i, i * fl.mss, len, t));
-        next[fi] = i + 1;
+        let id = repeat_id(fl, i, next[fi]);
+        inputs.push(segment(fl, id, i * fl.mss, len, t));
+        next[fi] = id.max(i) + 1;
     }
     (flows, inputs, split)
 }
@@ -375,7 +416,7 @@ pub fn fuzz_one(data: &[u8]) {
 /// Seeds for `fuzz/corpus/gro`: each flow shape, every twist.
 pub fn seeds() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
-    for shape in [0u8, 1, 3, 4, 8, 13, 24, 31] {
+    for shape in [0u8, 1, 3, 4, 8, 13, 24, 31, 32, 33, 40, 57] {
         let mut s = vec![
             2,
             70,

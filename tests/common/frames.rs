@@ -462,22 +462,32 @@ pub fn parse_frag(frame: &[u8]) -> Result<Frag> {
         Some(etherparse::LaxNetSlice::Ipv6(ip)) => {
             let h = ip.header().to_header();
             let exts = ip.extensions();
-            let fh = exts
+            let fs = exts
                 .clone()
                 .into_iter()
                 .find_map(|e| match e {
-                    etherparse::Ipv6ExtensionSlice::Fragment(f) => Some(f.to_header()),
+                    etherparse::Ipv6ExtensionSlice::Fragment(f) => Some(f),
                     _ => None,
                 })
                 .ok_or_else(|| anyhow!("IPv6 packet without a fragment header"))?;
-            let pl = ip.payload();
+            let fh = fs.to_header();
+            // The fragment's data is every byte after its Fragment header, extension
+            // headers of the fragmentable part included (etherparse would parse those
+            // in a first fragment and leave them out of its payload).
+            let at = |x: &[u8]| x.as_ptr() as usize - frame.as_ptr() as usize;
+            let start = at(fs.slice()) + 8;
+            let end = at(ip.header().slice()) + IPV6_LEN + h.payload_length as usize;
+            ensure!(
+                start <= end && end <= frame.len(),
+                "fragment past its frame"
+            );
             Ok(Frag {
                 id: fh.identification,
                 offset: fh.fragment_offset.byte_offset() as usize,
                 more: fh.more_fragments,
-                payload: pl.payload.to_vec(),
+                payload: frame[start..end].to_vec(),
                 l3_len: IPV6_LEN + h.payload_length as usize,
-                proto: pl.ip_number.0,
+                proto: fh.next_header.0,
             })
         }
         other => bail!("no IP: {other:?}"),
@@ -485,8 +495,26 @@ pub fn parse_frag(frame: &[u8]) -> Result<Frag> {
 }
 
 /// Reassembles IP fragments: one identification, offsets multiples of 8, MF on all
-/// but the last, no holes. Returns the reassembled L4 bytes.
+/// but the last, no holes. Returns the reassembled L4 bytes (after any IPv6 extension
+/// headers of the fragmentable part).
 pub fn reassemble_frags(frags: &[Frag]) -> Result<Vec<u8>> {
+    let first = frags.iter().find(|f| f.offset == 0);
+    let mut next = first.map_or(0, |f| f.proto);
+    let mut out = reassemble_fragmentable(frags)?;
+    // Hop-by-hop, routing and destination options after the Fragment header.
+    let mut skip = 0;
+    while matches!(next, 0 | 43 | 60) {
+        ensure!(out.len() >= skip + 8, "extension header past the datagram");
+        next = out[skip];
+        skip += 8 * (1 + usize::from(out[skip + 1]));
+    }
+    ensure!(out.len() >= skip, "extension header past the datagram");
+    out.drain(..skip);
+    Ok(out)
+}
+
+/// The fragments' data put back together, checked as `reassemble_frags` says.
+fn reassemble_fragmentable(frags: &[Frag]) -> Result<Vec<u8>> {
     ensure!(!frags.is_empty(), "no fragments");
     let id = frags[0].id;
     let mut sorted: Vec<&Frag> = frags.iter().collect();

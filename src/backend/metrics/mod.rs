@@ -123,7 +123,7 @@ const COUNTERS: &[CounterFamily] = &[
     },
     CounterFamily {
         name: "gro_frames_total",
-        help: "GSO frames GRO built for a guest from in-order TCP segments.",
+        help: "GSO frames GRO built for a guest from in-order TCP segments or UDP datagrams.",
         value: |s| s.gro_frames,
     },
     CounterFamily {

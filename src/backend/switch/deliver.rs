@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::SwitchPort;
 use crate::features::Caps;
 use crate::frame::Frame;
-use crate::segment::gro::{Coalescer, Merged, Offer};
+use crate::segment::gro::{Coalescer, Kinds, Merged, Offer};
 use crate::segment::{CsumMode, SegmentOpts, Segmenter};
 use crate::stats::{Counters, DropReason};
 use crate::vnet_hdr::{VirtioNetHdr, F_DATA_VALID, F_NEEDS_CSUM};
@@ -21,7 +21,8 @@ pub trait Destination {
     /// Largest L3 packet the operator lets it receive (`max_burst`), if limited.
     /// GSO frames to such a destination are segmented to fit.
     fn max_burst(&self) -> Option<usize>;
-    /// Whether TCP segments for it may be coalesced (`gro=`), when it accepts TSO.
+    /// Whether TCP segments and UDP datagrams for it may be coalesced (`gro=`), when
+    /// it accepts TSO or USO.
     fn gro(&self) -> bool {
         false
     }
@@ -87,10 +88,23 @@ pub struct Gro {
     spare: Vec<Coalescer>,
 }
 
-/// Whether GRO applies to a guest port: it asks for it, takes TSO with checksum
-/// offload, and has no `max_burst` (which would cut the frame again).
+/// What GRO may build for a receiver with these offloads.
+fn gro_kinds(caps: Caps) -> Kinds {
+    Kinds {
+        tcp4: caps.tso4,
+        tcp6: caps.tso6,
+        udp4: caps.uso4,
+        udp6: caps.uso6,
+    }
+}
+
+/// Whether GRO applies to a guest port: it asks for it, takes TSO or USO with
+/// checksum offload, and has no `max_burst` (which would cut the frame again).
 fn gro_applies(port: &dyn SwitchPort, caps: Caps) -> bool {
-    port.gro() && caps.csum && (caps.tso4 || caps.tso6) && port.max_burst().is_none()
+    port.gro()
+        && caps.csum
+        && (caps.tso4 || caps.tso6 || caps.uso4 || caps.uso6)
+        && port.max_burst().is_none()
 }
 
 /// Hands one frame the coalescer let go of to its guest, counted as any delivery.
@@ -195,7 +209,7 @@ impl DeliverCtx {
             queue: q,
             co,
         } = &mut gro.queues[i];
-        co.accept(caps.tso4, caps.tso6);
+        co.accept(gro_kinds(caps));
         let headers = frame.gso.as_ref().map(|g| &g.headers);
         let r = co.offer(&frame.hdr, frame.parts, headers, |m| {
             send_merged(p, *q, m, pending)

@@ -1263,7 +1263,8 @@ mod vlan_forwarding {
             })
             .collect();
         let net = net(ports);
-        let flow = |sport| Flow {
+        let flow = |sport, udp| Flow {
+            udp,
             v6: false,
             vlan: false,
             timestamps: true,
@@ -1279,31 +1280,36 @@ mod vlan_forwarding {
             plain(&net, Endpoint::Port(port), &frame(Mac::BROADCAST, me, None));
             net.up.take();
             attempts(&net);
-            let rx0 = net.ports[port].stats.snapshot().rx_frames;
-            let mut ctx = DeliverCtx::default();
-            for i in 0..10 {
-                let (hdr, mut f) =
-                    segment(&flow(1000 + port as u16), i, i * 1448, 1448, Twist::None);
-                f[5] = dst;
-                let parts = [&f[..]];
-                let fr = Frame::new(hdr, &parts, None).unwrap();
-                net.sw.forward(Endpoint::Uplink(0), 0, &fr, &mut ctx);
-            }
-            let before = net.ports[port].take().len();
-            ctx.flush();
-            let after = net.ports[port].take();
-            let s = net.ports[port].stats.snapshot();
-            if port == 0 {
-                // Held within the batch, one GSO frame at its end.
-                assert_eq!((before, after.len()), (0, 1));
-                assert_eq!(after[0].0.gso.kind, GsoKind::TcpV4);
-                assert_eq!(
-                    (s.gro_frames, s.gro_segments, s.rx_frames - rx0),
-                    (1, 10, 1)
+            // TCP segments, then UDP datagrams (the receiver takes TSO and USO).
+            for (udp, kind) in [(false, GsoKind::TcpV4), (true, GsoKind::UdpL4)] {
+                let s0 = net.ports[port].stats.snapshot();
+                let mut ctx = DeliverCtx::default();
+                for i in 0..10 {
+                    let fl = flow(1000 + port as u16, udp);
+                    let (hdr, mut f) = segment(&fl, i, i * 1448, 1448, Twist::None);
+                    f[5] = dst;
+                    let parts = [&f[..]];
+                    let fr = Frame::new(hdr, &parts, None).unwrap();
+                    net.sw.forward(Endpoint::Uplink(0), 0, &fr, &mut ctx);
+                }
+                let before = net.ports[port].take().len();
+                ctx.flush();
+                let after = net.ports[port].take();
+                let s = net.ports[port].stats.snapshot();
+                let d = (
+                    s.gro_frames - s0.gro_frames,
+                    s.gro_segments - s0.gro_segments,
+                    s.rx_frames - s0.rx_frames,
                 );
-            } else {
-                assert_eq!((before, after.len()), (10, 0));
-                assert_eq!((s.gro_frames, s.rx_frames - rx0), (0, 10));
+                if port == 0 {
+                    // Held within the batch, one GSO frame at its end.
+                    assert_eq!((before, after.len()), (0, 1));
+                    assert_eq!(after[0].0.gso.kind, kind);
+                    assert_eq!(d, (1, 10, 1));
+                } else {
+                    assert_eq!((before, after.len()), (10, 0));
+                    assert_eq!(d, (0, 0, 10));
+                }
             }
         }
     }
