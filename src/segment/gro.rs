@@ -35,8 +35,9 @@
 
 use super::csum::{self, Checksum};
 use super::ip::{be16, be32, pseudo, put16};
-use super::parse::{gather, parse_prefix, Headers, IPPROTO_TCP, IPPROTO_UDP, L3, L4, MAX_HEADERS};
+use super::parse::{gather, parse_prefix, Headers, L3, L4, MAX_HEADERS};
 use super::tcp::{TCP_CSUM_OFFSET, TCP_CWR, TCP_FIN, TCP_PSH};
+use super::udp::UDP_CSUM_OFFSET;
 use crate::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr, F_DATA_VALID, F_NEEDS_CSUM};
 
 /// Segments in one coalesced frame at most.
@@ -49,8 +50,6 @@ const MAX_L3: usize = 0xffff;
 const TCP_RST: u8 = 0x04;
 const TCP_SYN: u8 = 0x02;
 const TCP_URG: u8 = 0x20;
-/// Where the UDP checksum sits in its header.
-const UDP_CSUM_OFFSET: u16 = 6;
 
 /// One frame handed out: a coalesced GSO frame, or a frame that held one segment (its
 /// original header and bytes).
@@ -96,6 +95,11 @@ impl Kinds {
         udp4: true,
         udp6: true,
     };
+
+    /// Whether it takes any kind at all.
+    pub fn any(&self) -> bool {
+        self.tcp4 || self.tcp6 || self.udp4 || self.udp6
+    }
 
     fn takes(&self, h: &Headers) -> bool {
         match (h.l4, h.l3) {
@@ -238,13 +242,8 @@ fn examine(vnet: &VirtioNetHdr, parts: &[&[u8]], hdr: &[u8], h: Headers) -> Seg 
     } else {
         flags & (TCP_URG | TCP_RST | TCP_SYN | TCP_CWR) == 0
     };
-    let csum_offset = if udp {
-        UDP_CSUM_OFFSET
-    } else {
-        TCP_CSUM_OFFSET
-    };
     let csum_ok = || match vnet.flags & (F_NEEDS_CSUM | F_DATA_VALID) {
-        F_NEEDS_CSUM => usize::from(vnet.csum_start) == l4 && vnet.csum_offset == csum_offset,
+        F_NEEDS_CSUM => usize::from(vnet.csum_start) == l4 && vnet.csum_offset == csum_offset(&h),
         0 => !(udp && be16(hdr, l4 + 6) == 0) && l4_verified(parts, hdr, &h),
         _ => vnet.flags & F_DATA_VALID != 0 && vnet.flags & F_NEEDS_CSUM == 0,
     };
@@ -411,6 +410,15 @@ impl Coalescer {
     }
 }
 
+/// Where the L4 checksum of a TCP or UDP frame sits, from its L4 header.
+fn csum_offset(h: &Headers) -> u16 {
+    if h.l4 == L4::Udp {
+        UDP_CSUM_OFFSET
+    } else {
+        TCP_CSUM_OFFSET
+    }
+}
+
 /// Appends the bytes of `parts` from `from` on to `out`.
 fn copy_from(parts: &[&[u8]], from: usize, out: &mut Vec<u8>) {
     let mut skip = from;
@@ -441,15 +449,16 @@ fn seal(f: &mut Flow) -> VirtioNetHdr {
         L3::Ipv6 => put16(buf, o + 4, (l3_total - 40) as u16),
     }
     let l4_len = buf.len() - l4;
-    let (kind, proto, csum_offset) = match (h.l4, h.l3) {
+    let kind = match (h.l4, h.l3) {
         (L4::Udp, _) => {
             put16(buf, l4 + 4, l4_len as u16);
-            (GsoKind::UdpL4, IPPROTO_UDP, UDP_CSUM_OFFSET)
+            GsoKind::UdpL4
         }
-        (_, L3::Ipv4) => (GsoKind::TcpV4, IPPROTO_TCP, TCP_CSUM_OFFSET),
-        (_, L3::Ipv6) => (GsoKind::TcpV6, IPPROTO_TCP, TCP_CSUM_OFFSET),
+        (_, L3::Ipv4) => GsoKind::TcpV4,
+        (_, L3::Ipv6) => GsoKind::TcpV6,
     };
-    let sum: Checksum = pseudo(buf, &h, proto, l4_len);
+    let csum_offset = csum_offset(&h);
+    let sum: Checksum = pseudo(buf, &h, h.l4_proto(), l4_len);
     put16(buf, l4 + usize::from(csum_offset), sum.fold());
     VirtioNetHdr {
         flags: F_NEEDS_CSUM,

@@ -246,7 +246,8 @@ pub fn build(s: &FrameSpec) -> (Vec<u8>, usize) {
     (f, l4_off)
 }
 
-fn csum_offset(tcp: bool) -> usize {
+/// Where the L4 checksum sits in a TCP (`tcp`) or UDP header.
+pub fn csum_offset(tcp: bool) -> usize {
     if tcp {
         16
     } else {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use etherparse::checksum::Sum16BitWords;
 use etherparse::{NetHeaders, PacketHeaders, PayloadSlice, TransportHeader};
 
-use super::frames::{build, payload, pseudo_sum, tcp_timestamps, FrameSpec};
+use super::frames::{build, csum_offset, payload, pseudo_sum, tcp_timestamps, FrameSpec};
 use super::oracle;
 use crate::segment::gro::{Coalescer, Merged, Offer, MAX_SEGS};
 use crate::segment::{CsumMode, SegmentOpts};
@@ -88,12 +88,13 @@ impl Twist {
 
     /// A segment so twisted may never be part of a coalesced frame.
     pub fn breaks(self, flow: &Flow) -> bool {
-        match self {
-            Twist::Urg | Twist::Rst | Twist::Syn | Twist::Cwr => !flow.udp,
-            Twist::BadCsum => flow.full && !flow.valid,
-            Twist::IpOpts => !flow.v6,
-            _ => false,
-        }
+        self.applies(flow)
+            && match self {
+                Twist::Urg | Twist::Rst | Twist::Syn | Twist::Cwr => true,
+                Twist::BadCsum => flow.full && !flow.valid,
+                Twist::IpOpts => !flow.v6,
+                _ => false,
+            }
     }
 }
 
@@ -179,7 +180,7 @@ pub fn segment(flow: &Flow, i: usize, off: usize, len: usize, t: Twist) -> (Virt
         Twist::Window => f[l4 + 14] ^= 0x01,
         _ => {}
     }
-    let csum_at = if flow.udp { 6 } else { 16 };
+    let csum_at = csum_offset(!flow.udp);
     let hdr = if flow.full {
         complete_l4(&mut f, l4);
         if t == Twist::BadCsum && !flow.valid {

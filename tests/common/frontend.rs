@@ -830,12 +830,7 @@ impl TestFrontend {
             .try_for_each(|(h, f)| self.send(h, f, layout.clone()).map(drop));
         self.batching = false;
         r?;
-        let q = &self.queues[TX_QUEUE];
-        self.mem.store(
-            q.avail_idx.to_le(),
-            GuestAddress(q.avail + 2),
-            Ordering::Release,
-        )?;
+        self.store_avail_idx(TX_QUEUE, self.queues[TX_QUEUE].avail_idx)?;
         self.notify(TX_QUEUE)
     }
 
@@ -994,10 +989,9 @@ impl TestFrontend {
     /// Publish an avail index `ahead` entries past the real one on `queue` (nothing
     /// behind it) and kick: a ring no device can make sense of.
     pub fn jump_avail(&mut self, queue: usize, ahead: u16) -> Result<()> {
+        let idx = self.queues[queue].avail_idx.wrapping_add(ahead);
+        self.store_avail_idx(queue, idx)?;
         let q = &mut self.queues[queue];
-        let idx = q.avail_idx.wrapping_add(ahead);
-        self.mem
-            .store(idx.to_le(), GuestAddress(q.avail + 2), Ordering::Release)?;
         q.kick.write(1)?;
         q.stats.kicks += 1;
         Ok(())
@@ -1326,12 +1320,16 @@ impl TestFrontend {
         if self.batching {
             return Ok(());
         }
-        // Release: the descriptors and ring entry are visible before the index.
-        self.mem.store(
-            q.avail_idx.to_le(),
-            GuestAddress(q.avail + 2),
-            Ordering::Release,
-        )?;
+        let idx = q.avail_idx;
+        self.store_avail_idx(queue, idx)
+    }
+
+    /// Publish `idx` as `queue`'s avail index. Release: the descriptors and ring
+    /// entries written before are visible before it.
+    fn store_avail_idx(&self, queue: usize, idx: u16) -> Result<()> {
+        let q = &self.queues[queue];
+        self.mem
+            .store(idx.to_le(), GuestAddress(q.avail + 2), Ordering::Release)?;
         Ok(())
     }
 

@@ -101,10 +101,7 @@ fn gro_kinds(caps: Caps) -> Kinds {
 /// Whether GRO applies to a guest port: it asks for it, takes TSO or USO with
 /// checksum offload, and has no `max_burst` (which would cut the frame again).
 fn gro_applies(port: &dyn SwitchPort, caps: Caps) -> bool {
-    port.gro()
-        && caps.csum
-        && (caps.tso4 || caps.tso6 || caps.uso4 || caps.uso6)
-        && port.max_burst().is_none()
+    port.gro() && caps.csum && gro_kinds(caps).any() && port.max_burst().is_none()
 }
 
 /// Hands one frame the coalescer let go of to its guest, counted as any delivery.
