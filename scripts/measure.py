@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "guest-tests"))
 
 from harness import paths  # noqa: E402
+from harness.hostprof import BUCKETS as HOST_BUCKETS, available as perf_available  # noqa: E402
 from harness.backends import BACKENDS, BASELINE, TOPOLOGIES, Setup, known, label  # noqa: E402
 
 CASES = {"host": ["g2h", "h2g"], "g2g": ["g2g"], "g2g-soft": ["g2g-soft"]}
@@ -115,7 +116,7 @@ def _measure_setup(s: Setup, args, res: dict) -> None:
         for case in CASES[s.topo]:
             k = key(case, on, s.backend)
             try:
-                gbps, per_gb = s.measure(case, args.seconds)
+                gbps, per_gb = s.measure(case, args.seconds, profile=args.host_profile)
                 res["runs"].setdefault(k, []).append(gbps)
                 res["cost"].setdefault(k, []).append(per_gb)
                 log(f"  {k}: {gbps:.2f} Gbit/s; per GB: {per_gb}")
@@ -172,9 +173,9 @@ def cost_markdown(rows: list[dict], args) -> str:
     """The per-GB table: what each GB moved cost the guests (interrupts, kicks), gsonet
     (kick wake-ups, calls) and the host (CPU seconds), medians of the repeats."""
     head = ["direction", "guest offloads", "backend", "Gbit/s",
-            "guest irqs in/out per GB", "guest kicks tx/rx per GB",
+            "guest frames tx/rx per GB", "guest irqs in/out per GB", "guest kicks tx/rx per GB",
             "guest vCPU s per GB: user/sys/irq+softirq/idle",
-            "gsonet kick wake-ups tx/rx, calls tx/rx per GB", "CPU s per GB: gsonet / QEMU"]
+            "gsonet kick wake-ups tx/rx, calls tx/rx per GB", "CPU s per GB: gsonet / QEMU / whole host"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         for b in args.backends:
@@ -187,6 +188,8 @@ def cost_markdown(rows: list[dict], args) -> str:
                               for n, g in zip(names, c["guests"]))
             kicks = " · ".join(f"{n} {_k(g['kicks_tx'])}/{_k(g['kicks_rx'])}"
                                for n, g in zip(names, c["guests"]))
+            frames = " · ".join(f"{n} {_k(g.get('frames_tx'))}/{_k(g.get('frames_rx'))}"
+                                for n, g in zip(names, c["guests"]))
             vcpu = " · ".join(
                 f"{n} {g['cpu_user']:.2f}/{g['cpu_system']:.2f}/"
                 f"{g['cpu_irq'] + g['cpu_softirq']:.2f}/{g['cpu_idle']:.2f}"
@@ -197,9 +200,33 @@ def cost_markdown(rows: list[dict], args) -> str:
             cpu = c.get("cpu_s", {})
             qemu = sum(x for k, x in cpu.items() if k.startswith("qemu"))
             g_cpu = f"{cpu['gsonet']:.2f}" if "gsonet" in cpu else "-"
+            host = f"{cpu['host']:.2f}" if "host" in cpu else "-"
             lines.append("| " + " | ".join([
                 CASE_LABEL[row["case"]], row["offloads"], label(b), f"{v['gbps']:.2f}",
-                irqs, kicks, vcpu or "-", gsc, f"{g_cpu} / {qemu:.2f}"]) + " |")
+                frames, irqs, kicks, vcpu or "-", gsc, f"{g_cpu} / {qemu:.2f} / {host}"]) + " |")
+    return "\n".join(lines)
+
+
+def host_split_markdown(rows: list[dict], args) -> str:
+    """The host's busy CPU seconds per GB (all its CPUs, /proc/stat), split by a
+    host-wide `perf` sample into the guests' QEMU processes (user space: the guest's
+    code under TCG and the device models; host kernel), the backend's own process and
+    the rest. Medians of the repeats."""
+    head = ["direction", "guest offloads", "backend", "Gbit/s", "host busy s per GB",
+            "QEMU user (guests under TCG)", "QEMU in host kernel", "backend user",
+            "backend in host kernel", "other"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        for b in args.backends:
+            v = row["backends"][b]
+            c = v.get("per_gb") or {}
+            split = c.get("host_split")
+            if v["gbps"] is None or not split:
+                continue
+            lines.append("| " + " | ".join(
+                [CASE_LABEL[row["case"]], row["offloads"], label(b), f"{v['gbps']:.2f}",
+                 f"{c['cpu_s']['host']:.2f}"]
+                + [f"{split[k]:.2f}" for k in HOST_BUCKETS]) + " |")
     return "\n".join(lines)
 
 
@@ -293,6 +320,9 @@ def parse_args(argv: list[str] | None = None, description: str = __doc__,
                     help="round trips of the 1-byte TCP latency test per setup (0: skip)")
     ap.add_argument("--gsonet-stats", action="store_true",
                     help="print `gsonet stats` after each gsonet round")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="sample every host CPU with `perf record -a` during each run and "
+                         "split the host's busy CPU seconds per GB by process and code")
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.set_defaults(**defaults)
     args = ap.parse_args(argv)
@@ -305,6 +335,8 @@ def parse_args(argv: list[str] | None = None, description: str = __doc__,
     for t in args.topologies:
         if t not in TOPOLOGIES:
             ap.error(f"unknown topology {t}")
+    if args.host_profile and not perf_available():
+        ap.error("--host-profile needs perf (Debian's linux-perf)")
     return args
 
 
@@ -322,6 +354,7 @@ def measure(args) -> list[dict]:
     table = markdown(rows, args)
     costs = cost_markdown(rows, args)
     latency = latency_markdown(res, args) if args.latency else ""
+    split = host_split_markdown(rows, args) if args.host_profile else ""
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(
@@ -329,13 +362,18 @@ def measure(args) -> list[dict]:
              "runs": res["runs"], "cost": res["cost"], "latency": res["latency"],
              "errors": res["errors"], "commands": res["commands"],
              "gsonet_stats": res["gsonet_stats"]}, indent=2) + "\n")
-        (args.out / "table.md").write_text(table + "\n\n" + costs + "\n\n" + latency + "\n")
+        (args.out / "table.md").write_text(
+            "\n\n".join(t for t in (table, costs, split, latency) if t) + "\n")
     print(f"\niperf3 TCP, {args.seconds:g} s per test, median of {args.repeats}; "
           f"ratio = backend / QEMU built-in, same run\n")
     print(table)
     print("\nper GB moved (A = guest 0, the sender guest->guest; B = guest 1), medians; "
           "guest->host and host->guest have guest A only\n")
     print(costs)
+    if split:
+        print("\nthe host's busy CPU seconds per GB (all CPUs), split by a host-wide perf "
+              "sample, medians\n")
+        print(split)
     if args.latency:
         print(f"\nrequest/response latency: 1-byte TCP ping-pong (tcp_rr, TCP_NODELAY), "
               f"{args.latency} round trips, offloads on, medians\n")

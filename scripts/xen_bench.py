@@ -88,6 +88,24 @@ def main() -> int:
             cells.append("-" if per_gb is None
                          else " / ".join(f"{per_gb[w]:.0f}" for w in shown))
         print(f"{label:<16}{cells[0]:>26}{cells[1]:>20}{cells[2]:>20}")
+    # page-table work: a PV dom0 pays a page-table switch per system call and context
+    # switch, and a fault per page its processes touch anew
+    print("\nper GB moved: dom0 context switches (gsonet's minor page faults)")
+    print(f"{'path':<16}{'gsonet':>26}{'kernel':>20}{'QEMU':>20}")
+    for label, key in ROWS:
+        cells = []
+        for prefix in ("gsonet", "kernel", "qemu"):
+            mbps = get(prefix, key)
+            gb = mbps * args.seconds / 8000 if mbps else None
+            ctxt, flt = get(prefix, f"{key}.dom0_ctxt"), get(prefix, f"{key}.gsonet_minflt")
+            if not gb or ctxt is None:
+                cells.append("-")
+                continue
+            per = {"dom0_ctxt": ctxt / gb, "gsonet_minflt": (flt or 0) / gb}
+            table[key][f"{prefix}_events_per_gb"] = per
+            cells.append(f"{per['dom0_ctxt']:.0f}" + (f" ({per['gsonet_minflt']:.0f})"
+                                                      if prefix == "gsonet" else ""))
+        print(f"{label:<16}{cells[0]:>26}{cells[1]:>20}{cells[2]:>20}")
     on, off = get("gsonet", "domu_to_dom0_mbps"), get("gsonet.nooffload", "domu_to_dom0_mbps")
     if on is not None:
         print(f"gsonet domU -> dom0, offloads on / `tso off gso off`: {ratio(on, off)}")

@@ -92,6 +92,8 @@ def main() -> int:
     ap.add_argument("--backend", nargs="+", default=["gsonet", "kernel-netback"],
                     choices=["gsonet", "kernel-netback"])
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--domus", type=int, choices=(1, 2), default=1,
+                    help="2 adds the domU -> domU runs (two domUs on the netback)")
     args = ap.parse_args()
     reason = xen.skip_reason()
     if reason:
@@ -100,7 +102,8 @@ def main() -> int:
 
     tmp = tempfile.mkdtemp(prefix="gsonet-xenprof-")
     mon_path = f"{tmp}/monitor.sock"
-    script = xen.scenario(*args.backend, XT_SECONDS=args.seconds, XT_PROFILE=1)
+    script = xen.scenario(*args.backend, XT_SECONDS=args.seconds, XT_PROFILE=1,
+                          XT_DOMUS=args.domus)
     rig = xen.XenRig("profile", script, gsonet="gsonet" in args.backend, monitor=mon_path,
                      timeout=3600)
     result: dict = {}

@@ -6,11 +6,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from contextlib import nullcontext
 from pathlib import Path
 
 from . import cost, hostnet
 from .gsonet import Gsonet
 from .guest import Guest
+from .hostprof import HostProfile
 from .iperf import iperf3_guest_client, iperf3_guest_server, iperf3_host_client
 from .paths import TCP_RR, TESTPMD
 from .process import HarnessError
@@ -73,6 +75,7 @@ class Setup:
         self.host_ip: str | None = None
         self.commands: dict = {}
         self.gsonet: Gsonet | None = None
+        self.backend_pid: int | None = None  # gsonet's or testpmd's process
         self._host_link: str | None = None  # where host_ip goes (guest<->host)
         self._cleanup: list = []
 
@@ -139,6 +142,7 @@ class Setup:
         self._cleanup.append(gs.stop)
         gs.start()
         self.gsonet = gs
+        self.backend_pid = gs.proc.pid if gs.proc else None
         self.commands["gsonet"] = " ".join(gs.cmdline())
         return [vhost_user_netdev(s) for s in socks]
 
@@ -172,6 +176,7 @@ class Setup:
         tp = TestPmd(f"bench-{self.topo}", vdevs, TESTPMD_ARGS, log_dir=self.logs)
         self._cleanup.append(tp.stop)
         tp.start()
+        self.backend_pid = tp.proc.pid if tp.proc else None
         for c in cmds:
             tp.cmd(c, timeout=60)
         self.commands["testpmd"] = {"argv": " ".join(tp.cmdline()), "interactive": cmds}
@@ -184,22 +189,30 @@ class Setup:
         for g in self.guests:
             g.ethtool_set(tso=on, gso=on)
 
-    def measure(self, case: str, seconds: float) -> tuple[float, dict]:
+    def measure(self, case: str, seconds: float,
+                profile: bool = False) -> tuple[float, dict]:
         """Gbit/s of one iperf3 run: "g2h", "h2g" (server in the guest; -R makes the
         guest the sender) or "g2g"/"g2g-soft" (guest 0 sends to guest 1); and what it cost per GB
         (harness.cost.per_gb: guest interrupts and kicks, gsonet's kicks and calls,
-        CPU seconds)."""
-        if case in ("g2g", "g2g-soft"):
-            a, b = self.guests
-            iperf3_guest_server(b)
-            before = cost.Snapshot.take(self.guests, self.gsonet)
-            gbps = iperf3_guest_client(a, self.guest_ips[1], seconds=seconds)
-        else:
-            iperf3_guest_server(self.guests[0])
-            before = cost.Snapshot.take(self.guests, self.gsonet)
-            gbps = iperf3_host_client(self.guest_ips[0], seconds=seconds,
-                                      reverse=(case == "g2h"))
-        return gbps, cost.per_gb(before, cost.Snapshot.take(self.guests, self.gsonet))
+        CPU seconds). With ``profile``, a host-wide `perf` sample splits the host's
+        busy CPU seconds per GB by process and code ("host_split")."""
+        g2g = case in ("g2g", "g2g-soft")
+        iperf3_guest_server(self.guests[1] if g2g else self.guests[0])
+        pids = {"qemu": [g.proc.pid for g in self.guests if g.proc],
+                "backend": [self.backend_pid] if self.backend_pid else []}
+        prof = HostProfile(pids) if profile else nullcontext()
+        before = cost.Snapshot.take(self.guests, self.gsonet)
+        with prof:
+            if g2g:
+                gbps = iperf3_guest_client(self.guests[0], self.guest_ips[1], seconds=seconds)
+            else:
+                gbps = iperf3_host_client(self.guest_ips[0], seconds=seconds,
+                                          reverse=(case == "g2h"))
+        per_gb = cost.per_gb(before, cost.Snapshot.take(self.guests, self.gsonet))
+        busy = per_gb.get("cpu_s", {}).get("host")
+        if profile and prof.shares and busy is not None:
+            per_gb["host_split"] = {k: round(v * busy, 3) for k, v in prof.shares.items()}
+        return gbps, per_gb
 
     def latency(self, round_trips: int = 2000, port: int = 7007) -> dict:
         """1-byte TCP request/response (tcp_rr, TCP_NODELAY): {"p50_us", "p90_us",

@@ -60,8 +60,9 @@ def parse_net_dev(text: str, dev: str = "eth0") -> dict[str, int]:
     for line in text.splitlines():
         if line.strip().startswith(f"{dev}:"):
             f = line.split(":", 1)[1].split()
-            return {"rx_bytes": int(f[0]), "tx_bytes": int(f[8])}
-    return {"rx_bytes": 0, "tx_bytes": 0}
+            return {"rx_bytes": int(f[0]), "rx_packets": int(f[1]),
+                    "tx_bytes": int(f[8]), "tx_packets": int(f[9])}
+    return {"rx_bytes": 0, "rx_packets": 0, "tx_bytes": 0, "tx_packets": 0}
 
 
 # /proc/stat's cpu line, in the kernel's order (guest and guest_nice are inside user)
@@ -94,6 +95,14 @@ def gsonet_counters(gs) -> dict[str, int]:
     return total
 
 
+def host_busy_seconds() -> float:
+    """CPU seconds the whole host spent not idle, over all its CPUs (its /proc/stat):
+    guest-to-guest runs use every host CPU, so this, not one process, bounds them."""
+    with open("/proc/stat") as f:
+        t = parse_proc_stat(f.read())
+    return (sum(t.values()) - t["idle"] - t["iowait"]) / CLK_TCK
+
+
 class Snapshot:
     """Every counter at one instant: ``Snapshot.take(setup)``; ``b.minus(a)`` is the
     cost of what happened between a and b."""
@@ -107,6 +116,7 @@ class Snapshot:
                for i, g in enumerate(guests)}
         if gs is not None and gs.proc is not None:
             cpu["gsonet"] = cpu_seconds(gs.proc.pid)
+        cpu["host"] = host_busy_seconds()
         return cls([guest_counters(g) for g in guests],
                    gsonet_counters(gs) if gs is not None else None, cpu)
 
@@ -127,6 +137,9 @@ def per_gb(a: Snapshot, b: Snapshot) -> dict:
         d = {f"irq_{k}": (gbb["irq"][k] - ga["irq"][k]) / gb_moved for k in ga["irq"]}
         d.update({f"kicks_{k}": (gbb["kicks"][k] - ga["kicks"][k]) / gb_moved
                   for k in ga["kicks"]})
+        # frames as the guest's driver counts them: a GSO frame is one
+        d.update({f"frames_{k}": (gbb["bytes"][f"{k}_packets"] - ga["bytes"][f"{k}_packets"])
+                  / gb_moved for k in ("rx", "tx")})
         # where the guest's vCPU went, in seconds per GB (USER_HZ is 100 in the guest)
         ticks = {k: gbb["stat"][k] - ga["stat"][k] for k in STAT_FIELDS}
         d.update({f"cpu_{k}": ticks[k] / 100 / gb_moved

@@ -87,18 +87,21 @@ iperf_mbps() {
 # cpu_now: "dom0 gsonet domains" CPU seconds used so far: dom0's vCPUs busy (from
 # /proc/stat: all but idle and iowait), gsonet's threads (user + system, 0 when it
 # is not running) and every domain's vCPUs (`xl list`'s Time(s)).
-cpu_now() {
-    local dom0 gs=0 doms
+cpu_now() { # dom0 s, gsonet s, all domains s, gsonet minor faults, dom0 context switches
+    local dom0 gs=0 flt=0 doms ctxt
     dom0="$(awk '/^cpu / {print ($2 + $3 + $4 + $7 + $8 + $9) / 100}' /proc/stat)"
+    ctxt="$(awk '/^ctxt / {print $2}' /proc/stat)"
     if [ -n "${GSONET_PID:-}" ] && [ -r "/proc/$GSONET_PID/stat" ]; then
-        gs="$(awk '{print ($14 + $15) / 100}' "/proc/$GSONET_PID/stat")"
+        set -- $(awk '{print ($14 + $15) / 100, $10}' "/proc/$GSONET_PID/stat")
+        gs="$1" flt="$2"
     fi
     doms="$(xl list | awk 'NR > 1 {t += $NF} END {print t + 0}')"
-    echo "$dom0 $gs $doms"
+    echo "$dom0 $gs $doms $flt $ctxt"
 }
 
 # measure KEY CMD...: `result KEY "$(CMD...)"`, and the CPU seconds it cost as
-# KEY.cpu_dom0, KEY.cpu_gsonet, KEY.cpu_domains (see cpu_now).
+# KEY.cpu_dom0, KEY.cpu_gsonet, KEY.cpu_domains (see cpu_now); with gsonet's minor
+# page faults (KEY.gsonet_minflt) and dom0's context switches (KEY.dom0_ctxt).
 measure() {
     local key="$1" a b v
     shift
@@ -117,9 +120,11 @@ measure() {
     echo "XT-MEASURE stop $key"
     result "$key" "$v"
     set -- $a $b
-    result "$key.cpu_dom0" "$(awk "BEGIN {print $4 - $1}")"
-    result "$key.cpu_gsonet" "$(awk "BEGIN {print $5 - $2}")"
-    result "$key.cpu_domains" "$(awk "BEGIN {print $6 - $3}")"
+    result "$key.cpu_dom0" "$(awk "BEGIN {print $6 - $1}")"
+    result "$key.cpu_gsonet" "$(awk "BEGIN {print $7 - $2}")"
+    result "$key.cpu_domains" "$(awk "BEGIN {print $8 - $3}")"
+    result "$key.gsonet_minflt" "$(awk "BEGIN {print $9 - $4}")"
+    result "$key.dom0_ctxt" "$(awk "BEGIN {print ${10} - $5}")"
 }
 
 # iperf_domu_mbps IP ARGS...: the same, run in the domU at IP.
