@@ -257,7 +257,7 @@ pub fn forward_holding(
     held: &mut Held,
 ) {
     let mut views = ViewBuf::default();
-    let Some(route) = switch.route(src, frame, &mut views) else {
+    let Some(route) = switch.route(src, frame, &mut views, ctx.now()) else {
         return;
     };
     let Some(dst) = route.unicast() else {

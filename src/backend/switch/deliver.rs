@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::SwitchPort;
 use crate::features::Caps;
@@ -133,6 +133,9 @@ pub struct DeliverCtx {
     pub can_hold: bool,
     /// The longest hold a destination asked for since the last `take_hold`.
     hold: Option<Duration>,
+    /// The time read once per batch for the FDB: a clock read is a system call where
+    /// the vDSO has no usable clock (a Xen PV dom0), and ages are counted in seconds.
+    batch_now: Option<Instant>,
 }
 
 impl DeliverCtx {
@@ -145,6 +148,12 @@ impl DeliverCtx {
             gro.spare.push(g.co);
         }
         self.pending.flush();
+        self.batch_now = None;
+    }
+
+    /// The time of the current batch: read at its first frame, kept until `flush`.
+    pub fn now(&mut self) -> Instant {
+        *self.batch_now.get_or_insert_with(Instant::now)
     }
 
     /// The state of a sender that can be held (a guest's TX queue worker).

@@ -505,12 +505,13 @@ impl Switch {
     /// VLAN, learns its source, looks up its destination and builds the tagged or
     /// untagged view the destinations need (`views` holds it). `None`: nowhere to go
     /// (dropped and counted at the source, a hairpin, or a source no longer in the
-    /// switch).
+    /// switch). `now` dates what the FDB learns and looks up.
     pub fn route<'a>(
         &'a self,
         src: Endpoint,
         frame: &Frame<'a>,
         views: &'a mut ViewBuf<'a>,
+        now: Instant,
     ) -> Option<Route<'a>> {
         let topo = self.topo.load();
         let t: &Topology = &topo;
@@ -540,7 +541,6 @@ impl Switch {
         };
         let domain = ingress.domain;
         let foreign = domain.is_none() && frame.tag != Tag::Untagged;
-        let now = Instant::now();
         let (learned, known) = {
             let mut fdb = self.fdb.lock().unwrap_or_else(|e| e.into_inner());
             let learned = fdb.learn((domain, frame.src), src, now);
@@ -637,7 +637,7 @@ impl Switch {
     /// nothing waits for a full RX queue.
     pub fn forward(&self, src: Endpoint, queue: usize, frame: &Frame, ctx: &mut DeliverCtx) {
         let mut views = ViewBuf::default();
-        if let Some(route) = self.route(src, frame, &mut views) {
+        if let Some(route) = self.route(src, frame, &mut views, ctx.now()) {
             self.send(&route, queue, ctx, OnFull::Count);
         }
     }
