@@ -309,8 +309,9 @@ def _udp_host_to_guest(g: Guest, host_ip: str, guest_ip: str, v6: bool) -> str:
     flag = "-6 " if v6 else ""
     # udp_recv asks for a 4 MiB receive buffer; let the guest grant it.
     g.run("sysctl -qw net.core.rmem_max=8388608")
-    g.run(f"rm -f /tmp/ur.out; udp_recv {flag}-t 5 -n {want} {port} > /tmp/ur.out 2>&1 & "
-          "echo $! > /tmp/ur.pid")
+    # a subshell: udp_recv ends on its own, and not as a job of the console's shell
+    g.run(f"rm -f /tmp/ur.out; (udp_recv {flag}-t 5 -n {want} {port} > /tmp/ur.out 2>&1 & "
+          "echo $! > /tmp/ur.pid)")
     for _ in range(50):
         rc, _ = g.run("grep -q listening /tmp/ur.out")
         if rc == 0:

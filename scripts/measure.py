@@ -237,7 +237,8 @@ TOPO_LABEL = {"host": "guest<->host", "g2g": "guest<->guest",
 def latency_markdown(res: dict, args) -> str:
     """Request/response latency per path and backend, medians of the repeats, with the
     p50 ratio to QEMU's built-in virtio-net (below 1 is faster)."""
-    head = ["path", "backend", "p50 µs", "p90 µs", "p99 µs", "p50 / QEMU"]
+    head = ["path", "backend", "p50 µs", "p90 µs", "p99 µs", "p50 / QEMU",
+            "host context switches per round trip"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for topo in args.topologies:
         base = median_cost(res["latency"].get(f"{topo}|{BASELINE}", []))
@@ -246,11 +247,13 @@ def latency_markdown(res: dict, args) -> str:
             lat = median_cost(res["latency"].get(k, []))
             if not lat:
                 why = res["errors"].get(f"latency|{k}", "not run")
-                lines.append(f"| {TOPO_LABEL[topo]} | {label(b)} | n/a | | | {why} |")
+                lines.append(f"| {TOPO_LABEL[topo]} | {label(b)} | n/a | | | {why} | |")
                 continue
             ratio = f"{lat['p50_us'] / base['p50_us']:.2f}x" if base else "n/a"
+            sw = lat.get("host_ctxt_per_rt")
             lines.append(f"| {TOPO_LABEL[topo]} | {label(b)} | {lat['p50_us']:.0f} | "
-                         f"{lat['p90_us']:.0f} | {lat['p99_us']:.0f} | {ratio} |")
+                         f"{lat['p90_us']:.0f} | {lat['p99_us']:.0f} | {ratio} | "
+                         f"{'-' if sw is None else f'{sw:.1f}'} |")
     return "\n".join(lines)
 
 

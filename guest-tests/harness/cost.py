@@ -100,7 +100,18 @@ def host_busy_seconds() -> float:
     guest-to-guest runs use every host CPU, so this, not one process, bounds them."""
     with open("/proc/stat") as f:
         t = parse_proc_stat(f.read())
-    return (sum(t.values()) - t["idle"] - t["iowait"]) / CLK_TCK
+    # steal is time this host's own CPUs were not running at all (it is a VM)
+    return (sum(t.values()) - t["idle"] - t["iowait"] - t["steal"]) / CLK_TCK
+
+
+def host_context_switches() -> int:
+    """Context switches of the whole host so far (/proc/stat's ctxt): a request and
+    its answer cost one per thread they wake on the way."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("ctxt "):
+                return int(line.split()[1])
+    return 0
 
 
 class Snapshot:

@@ -120,6 +120,9 @@ fn send_merged(port: &Arc<dyn SwitchPort>, queue: usize, m: &Merged<'_>, pending
     }
 }
 
+/// Frames that may share one clock reading (see [`DeliverCtx::now`]).
+const CLOCK_REUSE: u32 = 256;
+
 /// Delivery state of one sending thread (a queue worker or an uplink reader): the
 /// segmenter's buffers, the frames GRO is building and the signals it owes. Each
 /// thread owns its own.
@@ -133,9 +136,10 @@ pub struct DeliverCtx {
     pub can_hold: bool,
     /// The longest hold a destination asked for since the last `take_hold`.
     hold: Option<Duration>,
-    /// The time read once per batch for the FDB: a clock read is a system call where
-    /// the vDSO has no usable clock (a Xen PV dom0), and ages are counted in seconds.
-    batch_now: Option<Instant>,
+    /// The time read once per batch for the FDB (a clock read is a system call where
+    /// the vDSO has no usable clock, as in a Xen PV dom0; ages count in seconds), and
+    /// how many frames have used it.
+    batch_now: Option<(Instant, u32)>,
 }
 
 impl DeliverCtx {
@@ -151,9 +155,17 @@ impl DeliverCtx {
         self.batch_now = None;
     }
 
-    /// The time of the current batch: read at its first frame, kept until `flush`.
+    /// The time of the current batch: read at its first frame and kept until `flush`,
+    /// for at most `CLOCK_REUSE` frames, so a sender that seldom flushes still dates
+    /// what it learns correctly.
     pub fn now(&mut self) -> Instant {
-        *self.batch_now.get_or_insert_with(Instant::now)
+        match &mut self.batch_now {
+            Some((t, uses)) if *uses < CLOCK_REUSE => {
+                *uses += 1;
+                *t
+            }
+            slot => slot.insert((Instant::now(), 1)).0,
+        }
     }
 
     /// The state of a sender that can be held (a guest's TX queue worker).
@@ -386,6 +398,25 @@ mod tests {
     use crate::testkit::frames::{build, gso_hdr, FrameSpec};
     use crate::vnet_hdr::{GsoKind, GsoType, F_NEEDS_CSUM, F_RSC_INFO};
     use std::cell::RefCell;
+
+    #[test]
+    fn a_batch_reads_the_clock_once_and_a_flush_or_a_long_batch_reads_it_again() {
+        let mut ctx = DeliverCtx::default();
+        let first = ctx.now();
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(ctx.now(), first, "the same batch keeps its reading");
+        ctx.flush();
+        let second = ctx.now();
+        assert!(second > first, "a new batch reads the clock again");
+        for _ in 1..CLOCK_REUSE {
+            assert_eq!(ctx.now(), second);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(
+            ctx.now() > second,
+            "a batch past CLOCK_REUSE frames reads it again"
+        );
+    }
 
     /// Records what it is handed: the header and the frame length of each send.
     struct Recorder {

@@ -242,6 +242,8 @@ impl Worker {
                 Err(r) => self.port.stats.drop(r),
             }
         }
+        // What this batch staged for other ports leaves now, not when the ring is empty.
+        self.ctx.flush();
         self.batch = batch;
         true
     }
