@@ -171,6 +171,10 @@ pub struct PortConfig {
     pub rx_coalesce_usecs: u32,
     /// ... or at once when this many frames wait (0: no count; needs usecs).
     pub rx_coalesce_frames: u32,
+    /// TX completion moderation (`ethtool -C tx-usecs`): the call for TX chains the
+    /// guest asked to hear about goes out at most this many µs after they were used
+    /// (0: at once), so its own RX processing may reclaim them first.
+    pub tx_coalesce_usecs: u32,
 }
 
 /// Largest `tx_poll_us`: what a frame may wait in a polled queue at most.
@@ -178,6 +182,10 @@ pub const MAX_TX_POLL_US: u32 = 1000;
 /// Largest `rx_coalesce_usecs` and `rx_coalesce_frames`.
 pub const MAX_RX_COALESCE_USECS: u32 = 10_000;
 pub const MAX_RX_COALESCE_FRAMES: u32 = 1024;
+/// `tx_coalesce_usecs` when not given.
+pub const DEFAULT_TX_COALESCE_USECS: u32 = 0;
+/// Largest `tx_coalesce_usecs`.
+pub const MAX_TX_COALESCE_USECS: u32 = 10_000;
 /// A byte rate on what an endpoint sends: megabits (10^6) a second on the wire, and
 /// how much an idle sender saves up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -326,7 +334,7 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, rx_rate, rx_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, rx_coalesce_usecs, rx_coalesce_frames, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, rx_rate, rx_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, rx_coalesce_usecs, rx_coalesce_frames, tx_coalesce_usecs, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
     /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,socket_mode=0660][,socket_group=GROUP]
@@ -360,6 +368,7 @@ impl PortConfig {
             tx_poll_us: 0,
             rx_coalesce_usecs: 0,
             rx_coalesce_frames: 0,
+            tx_coalesce_usecs: DEFAULT_TX_COALESCE_USECS,
         };
         let mut trunk = None;
         let mut allowed = None;
@@ -399,6 +408,9 @@ impl PortConfig {
                 }
                 "rx_coalesce_frames" => {
                     c.rx_coalesce_frames = number(W, &k, &v, 0, MAX_RX_COALESCE_FRAMES)?
+                }
+                "tx_coalesce_usecs" => {
+                    c.tx_coalesce_usecs = number(W, &k, &v, 0, MAX_TX_COALESCE_USECS)?
                 }
                 "socket_mode" => {
                     c.access.mode = parse_mode(&v).map_err(|e| bad(W, &k, &v, e))?;

@@ -88,7 +88,8 @@ nothing. docs/operations.md, section Ports at runtime, has the details.")]
         /// KEY=VALUE settings: ports take the offload switches (=on|off, applied to the
         /// next frontend connection, e.g. when its QEMU restarts), max_burst=N|off,
         /// gro=on|off, rate=MBIT|off, burst=KB, rx_rate=MBIT|off, rx_burst=KB,
-        /// rx_coalesce_usecs=N and rx_coalesce_frames=N (at once); uplinks take
+        /// rx_coalesce_usecs=N, rx_coalesce_frames=N and tx_coalesce_usecs=N (at
+        /// once); uplinks take
         /// gso=pass|software and max_burst (at once).
         settings: Vec<String>,
     },
@@ -152,6 +153,11 @@ struct ServeArgs {
     /// (0..1024): RX interrupt moderation as `ethtool -C rx-usecs/rx-frames` means it: a
     /// frame is announced to the guest at most N µs after it was written, or at once
     /// when rx_coalesce_frames wait. Also set at runtime with `gsonet ctl`.
+    /// tx_coalesce_usecs=N (0..10000, default 0: off): TX completion moderation as
+    /// `ethtool -C tx-usecs` means it: the call announcing sent frames waits up to N µs,
+    /// and is not made if the guest reclaimed them meanwhile (Linux does so while
+    /// receiving); a ring half full of unannounced frames is announced at once. 0 calls
+    /// at once. Also set at runtime with `gsonet ctl`.
     /// socket_mode=MODE (octal, default 0660) and socket_group=GROUP (a name or a gid,
     /// default gsonet's own) say who may connect to PATH, i.e. become this port's
     /// frontend; directories gsonet creates for it get 0750 and the same group. Only a

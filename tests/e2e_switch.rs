@@ -167,6 +167,63 @@ fn a_device_start_owes_the_guest_a_call_on_each_queue() {
     assert_eq!((a.calls(0), a.calls(1)), (1, 1));
 }
 
+/// With `tx_coalesce_usecs`, the call announcing used TX chains waits that long: none
+/// comes sooner and one comes after it; and none at all when the guest reclaimed the
+/// chains meanwhile and asks only for later ones, as Linux virtio-net's RX poll does
+/// with its TX ring.
+#[test]
+fn tx_completion_calls_wait_for_tx_coalesce_usecs() {
+    const WAIT: Duration = Duration::from_millis(10);
+    let mut spec = DaemonSpec::ports(2);
+    spec.ports[0] = "tx_coalesce_usecs=10000".into();
+    let (d, mut a, mut b) = two_with(&spec);
+    let to_b = |a: &mut TestFrontend, i: u8| {
+        let flow = Flow::new(a_mac(), b_mac(), Ips::v4()).ports(7000, 7001);
+        let (h, f) = frames::udp(&flow, &[i; 64], UdpGso::None);
+        a.send(&h, &f, TxLayout::Single).unwrap();
+        f
+    };
+    a.wait_tx_done(T).unwrap();
+    std::thread::sleep(QUIET); // the hello's call has gone out
+
+    // Announced, but only once the wait is over.
+    let before = a.calls(1);
+    a.ask_call(1).unwrap();
+    let sent = Instant::now();
+    let f = to_b(&mut a, 1);
+    recv_where(&mut b, T, |x| x.frame == f).expect("frame at B");
+    while a.calls(1) == before {
+        assert!(sent.elapsed() < T, "no TX call\n{:#}", d.stats().unwrap());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(sent.elapsed() >= WAIT, "called after {:?}", sent.elapsed());
+    assert_eq!(a.reclaim_tx().unwrap(), 1);
+
+    // Reclaimed within the wait: no call. A test thread slower than the wait can see
+    // the call legitimately, so a few tries are allowed; a backend that always calls
+    // fails every one.
+    let quiet = (0..5u8).any(|i| {
+        let before = a.calls(1);
+        a.ask_call(1).unwrap();
+        let sent = Instant::now();
+        let f = to_b(&mut a, 2 + i);
+        recv_where(&mut b, T, |x| x.frame == f).expect("frame at B");
+        let mut taken = 0;
+        while taken == 0 && sent.elapsed() < T {
+            taken = a.reclaim_tx().unwrap();
+        }
+        a.ask_call(1).unwrap(); // only chains after these
+        let in_time = sent.elapsed() < WAIT;
+        std::thread::sleep(QUIET);
+        in_time && a.calls(1) == before
+    });
+    assert!(
+        quiet,
+        "a call for reclaimed chains\n{:#}",
+        d.stats().unwrap()
+    );
+}
+
 /// With `tx_poll_us`, a sender's kicks stay off while it keeps sending and gsonet
 /// looks at its queue by timer: every frame of a burst arrives, in order, the timer
 /// did the looking, and a frame sent after the queue went idle (kicks back on) still

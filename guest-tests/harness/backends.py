@@ -136,9 +136,14 @@ class Setup:
             self._host_link = hostnet.unique_name("bg")
             uplinks = [f"tap={self._host_link}"]
             self._cleanup.append(lambda: hostnet.delete_link(self._host_link))
+        # bin=PATH is not a port option: it runs another build (an A/B of two builds
+        # in one interleaved run).
+        kept = [o for o in opts.split(",") if o and not o.startswith("bin=")]
+        binary = next((o[4:] for o in opts.split(",") if o.startswith("bin=")), None)
+        opts = ",".join(kept)
         gs = Gsonet([f"socket={s}" + (f",{opts}" if opts else "") for s in socks], uplinks,
                     workdir=self.work / f"gsonet-{self.topo}", name=f"bench-{self.topo}",
-                    log_dir=self.logs)
+                    log_dir=self.logs, binary=binary)
         self._cleanup.append(gs.stop)
         gs.start()
         self.gsonet = gs
@@ -216,14 +221,18 @@ class Setup:
 
     def latency(self, round_trips: int = 2000, port: int = 7007) -> dict:
         """1-byte TCP request/response (tcp_rr, TCP_NODELAY): {"p50_us", "p90_us",
-        "p99_us"}. The server runs in the last guest; the client on the host
-        (guest<->host) or in guest 0 (guest<->guest)."""
+        "p99_us", "host_ctxt_per_rt"} (the host's context switches per round trip).
+        The server runs in the last guest; the client on the host (guest<->host) or
+        in guest 0 (guest<->guest)."""
         server = self.guests[-1]
         server.run("killall tcp_rr 2>/dev/null; true")
-        server.run_ok(f"tcp_rr -s {port} >/dev/null 2>&1 &")
+        # In a subshell: the server is init's child, not a job of the console's shell,
+        # whose line reading a job's end can cut in two (a half-read command).
+        server.run_ok(f"(tcp_rr -s {port} >/dev/null 2>&1 &)")
         if not server.wait_listening(port):
             raise HarnessError(f"{server.name}: tcp_rr server did not start")
         ip = self.guest_ips[-1]
+        ctxt = cost.host_context_switches()
         try:
             if self.topo != "host":
                 out = self.guests[0].run_ok(f"tcp_rr -c {ip} -p {port} -n {round_trips}",
@@ -234,9 +243,12 @@ class Setup:
                 out = subprocess.run([str(TCP_RR), "-c", ip, "-p", str(port), "-n",
                                       str(round_trips)], capture_output=True, text=True,
                                      timeout=120, check=True).stdout
+            ctxt = (cost.host_context_switches() - ctxt) / round_trips
         finally:
             server.run("killall tcp_rr 2>/dev/null; true")
         m = re.search(r"p50_us ([\d.]+) p90_us ([\d.]+) p99_us ([\d.]+)", out)
         if not m:
             raise HarnessError(f"tcp_rr: no result: {out[-300:]}")
-        return dict(zip(("p50_us", "p90_us", "p99_us"), map(float, m.groups())))
+        lat = dict(zip(("p50_us", "p90_us", "p99_us"), map(float, m.groups())))
+        lat["host_ctxt_per_rt"] = round(ctxt, 2)
+        return lat

@@ -476,6 +476,7 @@ fn port_live_only(old: &PortConfig, new: &PortConfig) -> bool {
         rx_rate: old.rx_rate,
         rx_coalesce_usecs: old.rx_coalesce_usecs,
         rx_coalesce_frames: old.rx_coalesce_frames,
+        tx_coalesce_usecs: old.tx_coalesce_usecs,
         ..new.clone()
     };
     &same_rest == old
@@ -488,6 +489,7 @@ fn apply_port_live(p: &Port, c: &PortConfig) {
     p.set_rate(c.rate);
     p.set_rx_rate(c.rx_rate);
     p.rx_coalesce.set(c.rx_coalesce_usecs, c.rx_coalesce_frames);
+    p.set_tx_coalesce_usecs(c.tx_coalesce_usecs);
 }
 
 /// An uplink setting that changes without a new uplink: `gso`, `max_burst` and the

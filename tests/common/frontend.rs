@@ -1014,6 +1014,19 @@ impl TestFrontend {
         q.stats.calls
     }
 
+    /// Ask for a call on `queue` when a used entry past those taken so far appears
+    /// (EVENT_IDX `used_event` = the last used index taken: `virtqueue_enable_cb`).
+    pub fn ask_call(&mut self, queue: usize) -> Result<()> {
+        let q = &self.queues[queue];
+        self.mem.store(
+            q.last_used.to_le(),
+            GuestAddress(q.used_event_addr()),
+            Ordering::Release,
+        )?;
+        fence(Ordering::SeqCst);
+        Ok(())
+    }
+
     /// Fill the counter of `queue`'s call eventfd to its maximum, as a guest that
     /// never takes its interrupts would: the device's next signal finds it full.
     pub fn fill_call(&mut self, queue: usize) -> Result<()> {

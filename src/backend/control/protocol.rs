@@ -59,6 +59,9 @@ pub enum Applied {
         rx_coalesce_usecs: u32,
         #[serde(default)]
         rx_coalesce_frames: u32,
+        /// TX completion moderation now in force (0: off).
+        #[serde(default)]
+        tx_coalesce_usecs: u32,
         note: String,
     },
     Uplink {

@@ -19,7 +19,7 @@ use crate::backend::vhost::port::Port;
 use crate::backend::xen::VifPort;
 use crate::config::{
     parse_max_burst, parse_on_off, parse_rate, RateLimit, BURST_KB_MAX, MAX_RX_COALESCE_FRAMES,
-    MAX_RX_COALESCE_USECS,
+    MAX_RX_COALESCE_USECS, MAX_TX_COALESCE_USECS,
 };
 
 /// The ports and uplinks there are now, each uplink with its id in the switch.
@@ -205,6 +205,7 @@ fn apply(reg: &Registry, target: &str, settings: &[(String, String)]) -> Result<
             let mut mask = p.mask();
             let mut burst = p.max_burst();
             let (mut usecs, mut frames) = p.rx_coalesce.settings();
+            let mut tx_usecs = p.tx_coalesce_usecs();
             let mut gro = None;
             let mut rates = RateEdit::new(p.rate(), p.rx_rate());
             for (k, v) in settings {
@@ -215,6 +216,8 @@ fn apply(reg: &Registry, target: &str, settings: &[(String, String)]) -> Result<
                     usecs = bounded(k, v, MAX_RX_COALESCE_USECS)?;
                 } else if k == "rx_coalesce_frames" {
                     frames = bounded(k, v, MAX_RX_COALESCE_FRAMES)?;
+                } else if k == "tx_coalesce_usecs" {
+                    tx_usecs = bounded(k, v, MAX_TX_COALESCE_USECS)?;
                 } else if k == "gro" {
                     gro = Some(parse_on_off(v).map_err(|e| format!("{k}={v}: {e}"))?);
                 } else {
@@ -229,6 +232,7 @@ fn apply(reg: &Registry, target: &str, settings: &[(String, String)]) -> Result<
             p.set_mask(mask);
             p.set_max_burst(burst);
             p.rx_coalesce.set(usecs, frames);
+            p.set_tx_coalesce_usecs(tx_usecs);
             if let Some(on) = gro {
                 p.set_gro(on);
             }
@@ -244,6 +248,7 @@ fn apply(reg: &Registry, target: &str, settings: &[(String, String)]) -> Result<
                 max_burst: burst,
                 rx_coalesce_usecs: usecs,
                 rx_coalesce_frames: frames,
+                tx_coalesce_usecs: tx_usecs,
                 note: "offload changes apply to the next frontend connection (QEMU reads a \
                        backend's features once per connection)"
                     .into(),

@@ -63,6 +63,11 @@ fn pace_id(queue_pairs: usize) -> u64 {
     hello_id(queue_pairs) + 3
 }
 
+/// Listener id of a worker's TX completion timer (`tx_coalesce_usecs`).
+fn tx_completion_id(queue_pairs: usize) -> u64 {
+    hello_id(queue_pairs) + 4
+}
+
 impl PortBackend {
     pub fn new(port: Arc<Port>, switch: Arc<Switch>) -> io::Result<PortBackend> {
         let exits = (0..port.queue_pairs())
@@ -99,6 +104,7 @@ impl PortBackend {
         let tx_timer = tx_timer_id(self.port.queue_pairs());
         let coalesce = rx_coalesce_id(self.port.queue_pairs());
         let pace = pace_id(self.port.queue_pairs());
+        let completion = tx_completion_id(self.port.queue_pairs());
         let pairs = handlers
             .iter()
             .zip(self.hellos.iter())
@@ -107,6 +113,9 @@ impl PortBackend {
             let w = w.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(t) = &w.timer {
                 h.register_listener(t.as_fd().as_raw_fd(), EventSet::IN, tx_timer)?;
+            }
+            if let Some(t) = w.completion.timer() {
+                h.register_listener(t.as_fd().as_raw_fd(), EventSet::IN, completion)?;
             }
             if let Some(t) = self.port.rx_coalesce.timer(pair) {
                 h.register_listener(t.as_fd().as_raw_fd(), EventSet::IN, coalesce)?;
@@ -244,6 +253,16 @@ impl VhostUserBackend for PortBackend {
             }
             e if e as u64 == pace_id(self.port.queue_pairs()) => {
                 self.port.pace_fired(pair);
+                Ok(())
+            }
+            e if e as u64 == tx_completion_id(self.port.queue_pairs()) => {
+                let (Some(w), Some(txq)) = (self.workers.get(pair), vrings.get(1)) else {
+                    return Ok(());
+                };
+                let gate = self.port.tx_gate();
+                let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+                // After a clean stop the expiry is only consumed.
+                w.completion.fired(&self.port, txq, gate.is_some());
                 Ok(())
             }
             e if e as u64 == rx_coalesce_id(self.port.queue_pairs()) => {

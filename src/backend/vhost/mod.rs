@@ -5,6 +5,7 @@
 pub mod announce;
 pub mod backend;
 pub mod coalesce;
+pub mod completion;
 pub mod firewall;
 pub mod pace;
 pub mod port;

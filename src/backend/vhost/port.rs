@@ -2,7 +2,7 @@
 //! queue workers, the switch and the uplink readers, and the RX writer other threads
 //! use to hand it frames (under the RX queue's own lock, held for the copy only).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
@@ -16,7 +16,7 @@ use crate::backend::ratelimit::{ByteRate, LogLimit, TokenBucket};
 use crate::backend::switch::backpressure::StallClock;
 use crate::backend::switch::deliver::Destination;
 use crate::backend::switch::SwitchPort;
-use crate::config::{PortConfig, RateLimit};
+use crate::config::{PortConfig, RateLimit, MAX_TX_COALESCE_USECS};
 use crate::features::{self, Caps, FeatureMask, Negotiated};
 use crate::l2::{Mac, Vid, VlanSet};
 use crate::ring::rx::{self, RxError, RxFormat, RxScratch};
@@ -71,6 +71,8 @@ pub struct Port {
     max_burst: AtomicUsize,
     /// RX interrupt moderation, changed with `gsonet ctl`.
     pub rx_coalesce: RxCoalesce,
+    /// Runtime `tx_coalesce_usecs`, changed with `gsonet ctl`.
+    tx_coalesce_usecs: AtomicU32,
     /// Runtime `gro`, changed with `gsonet ctl`.
     gro: AtomicBool,
     /// Runtime `rate=`: what the guest may send, and its bucket.
@@ -114,6 +116,7 @@ impl Port {
             log: LogLimit::default(),
             resets: TokenBucket::new(RESETS_PER_SEC, RESETS_BURST),
             rx_coalesce: RxCoalesce::new(pairs, cfg.rx_coalesce_usecs, cfg.rx_coalesce_frames)?,
+            tx_coalesce_usecs: AtomicU32::new(cfg.tx_coalesce_usecs.min(MAX_TX_COALESCE_USECS)),
             pacer: Pacer::new(pairs)?,
             owed_call: (0..2 * pairs).map(|_| AtomicBool::new(false)).collect(),
             quiesced: AtomicBool::new(false),
@@ -121,6 +124,16 @@ impl Port {
             stats: Counters::default(),
             cfg,
         })
+    }
+
+    /// How long a TX completion call may wait (µs; 0: none).
+    pub fn tx_coalesce_usecs(&self) -> u32 {
+        self.tx_coalesce_usecs.load(Ordering::Relaxed)
+    }
+
+    pub fn set_tx_coalesce_usecs(&self, usecs: u32) {
+        self.tx_coalesce_usecs
+            .store(usecs.min(MAX_TX_COALESCE_USECS), Ordering::Relaxed);
     }
 
     pub fn max_burst(&self) -> Option<usize> {

@@ -2,13 +2,13 @@
 //! chain out, check it against what the guest negotiated, and hand the typed frame to
 //! the switch; signal the guest and the destinations once per batch.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use tracing::{debug, warn};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 
+use super::completion::TxCompletion;
 use super::port::{Port, Vring};
 use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::{Endpoint, Switch};
@@ -23,12 +23,13 @@ use crate::sys::timer::OneShotTimer;
 const TX_BATCH: usize = 256;
 
 /// What one queue worker keeps between kicks: the buffer chains are copied into, its
-/// delivery state, and the timer that makes it look at the queue again without a kick
-/// (`tx_poll_us`, or a queue held for its `rate=`).
+/// delivery state, the timer that makes it look at the queue again without a kick
+/// (`tx_poll_us`, or a queue held for its `rate=`) and its TX completions' call.
 pub struct TxWorker {
     buf: Vec<u8>,
     ctx: DeliverCtx,
     pub timer: Option<OneShotTimer>,
+    pub completion: TxCompletion,
 }
 
 impl Default for TxWorker {
@@ -37,15 +38,17 @@ impl Default for TxWorker {
             buf: tx::tx_buffer(),
             ctx: DeliverCtx::holding(),
             timer: None,
+            completion: TxCompletion::default(),
         }
     }
 }
 
 impl TxWorker {
-    /// A worker with its timer (the daemon's workers).
+    /// A worker with its timers (the daemon's workers).
     pub fn with_timer() -> std::io::Result<TxWorker> {
         Ok(TxWorker {
             timer: Some(OneShotTimer::new()?),
+            completion: TxCompletion::with_timer()?,
             ..TxWorker::default()
         })
     }
@@ -119,7 +122,12 @@ pub fn drain(
         return DrainEnd::Kicks;
     };
     let neg = port.negotiated().unwrap_or_default();
-    let TxWorker { buf, ctx, timer } = w;
+    let TxWorker {
+        buf,
+        ctx,
+        timer,
+        completion,
+    } = w;
     let mut popped = 0;
     loop {
         let _ = txq.disable_notification();
@@ -181,11 +189,11 @@ pub fn drain(
             }
             done += 1;
         }
-        if done > 0 && txq.needs_notification().unwrap_or(true) {
-            port.stats.tx_calls.fetch_add(1, Relaxed);
-            let _ = txq.signal_used_queue();
-        }
+        // Receivers first: their calls are on a request's path, the sender's TX
+        // completion is not, and on a host with few CPUs the first thread woken runs
+        // first.
         ctx.flush();
+        completion.used(port, txq, done, port.tx_coalesce_usecs());
         if held {
             return DrainEnd::Held; // the timer drains on, notifications stay off meanwhile
         }
