@@ -222,6 +222,14 @@ fn tx_completion_calls_wait_for_tx_coalesce_usecs() {
         "a call for reclaimed chains\n{:#}",
         d.stats().unwrap()
     );
+
+    // Set at runtime, bounded like its config key.
+    let o = ctl(&d, &["port:0", "tx_coalesce_usecs=0"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("\"tx_coalesce_usecs\": 0"), "{out}");
+    let o = ctl(&d, &["port:0", "tx_coalesce_usecs=10001"]);
+    assert!(!o.status.success(), "past the cap accepted");
 }
 
 /// With `tx_poll_us`, a sender's kicks stay off while it keeps sending and gsonet
