@@ -1415,12 +1415,7 @@ impl TestFrontend {
             // Re-arm: ask for a call when the next used entry appears, then re-check
             // (virtqueue_enable_cb + the race re-check).
             if event_idx {
-                let q = &self.queues[queue];
-                self.mem.store(
-                    q.last_used.to_le(),
-                    GuestAddress(q.used_event_addr()),
-                    Ordering::Release,
-                )?;
+                self.ask_call(queue)?;
             }
             fence(Ordering::SeqCst);
             if let Some(e) = self.pop_used(queue)? {
