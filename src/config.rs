@@ -946,6 +946,17 @@ mod tests {
             PortConfig::parse("socket=a,mac=zz"),
             Err(ConfigError::BadValue { .. })
         ));
+        assert!(matches!(
+            PortConfig::parse("socket=a,tx_coalesce_usecs=10001"),
+            Err(ConfigError::BadValue { .. })
+        ));
+    }
+
+    #[test]
+    fn tx_coalesce_usecs_is_off_unless_given() {
+        assert_eq!(PortConfig::parse("socket=a").unwrap().tx_coalesce_usecs, 0);
+        let p = PortConfig::parse("socket=a,tx_coalesce_usecs=300").unwrap();
+        assert_eq!(p.tx_coalesce_usecs, 300);
     }
 
     #[test]
