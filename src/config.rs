@@ -182,8 +182,6 @@ pub const MAX_TX_POLL_US: u32 = 1000;
 /// Largest `rx_coalesce_usecs` and `rx_coalesce_frames`.
 pub const MAX_RX_COALESCE_USECS: u32 = 10_000;
 pub const MAX_RX_COALESCE_FRAMES: u32 = 1024;
-/// `tx_coalesce_usecs` when not given.
-pub const DEFAULT_TX_COALESCE_USECS: u32 = 0;
 /// Largest `tx_coalesce_usecs`.
 pub const MAX_TX_COALESCE_USECS: u32 = 10_000;
 /// A byte rate on what an endpoint sends: megabits (10^6) a second on the wire, and
@@ -368,7 +366,7 @@ impl PortConfig {
             tx_poll_us: 0,
             rx_coalesce_usecs: 0,
             rx_coalesce_frames: 0,
-            tx_coalesce_usecs: DEFAULT_TX_COALESCE_USECS,
+            tx_coalesce_usecs: 0,
         };
         let mut trunk = None;
         let mut allowed = None;

@@ -138,9 +138,9 @@ class Setup:
             self._cleanup.append(lambda: hostnet.delete_link(self._host_link))
         # bin=PATH is not a port option: it runs another build (an A/B of two builds
         # in one interleaved run).
-        kept = [o for o in opts.split(",") if o and not o.startswith("bin=")]
-        binary = next((o[4:] for o in opts.split(",") if o.startswith("bin=")), None)
-        opts = ",".join(kept)
+        given = [o for o in opts.split(",") if o]
+        binary = next((o[4:] for o in given if o.startswith("bin=")), None)
+        opts = ",".join(o for o in given if not o.startswith("bin="))
         gs = Gsonet([f"socket={s}" + (f",{opts}" if opts else "") for s in socks], uplinks,
                     workdir=self.work / f"gsonet-{self.topo}", name=f"bench-{self.topo}",
                     log_dir=self.logs, binary=binary)

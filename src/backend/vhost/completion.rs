@@ -36,27 +36,27 @@ impl TxCompletion {
         self.timer.as_ref()
     }
 
-    /// `used` chains were handed back: announce them now, or arm the timer. A ring
-    /// half full of unannounced chains is announced at once: the guest may be out of
-    /// room and waiting for it.
+    /// `used` chains were handed back by a drain (the queue was running): announce
+    /// them now, or leave them to the timer. A ring half full of unannounced chains is
+    /// announced at once: the guest may be out of room and waiting for it.
     pub fn used(&mut self, port: &Port, txq: &Vring, used: usize, usecs: u32) {
         if used == 0 {
             return;
         }
         self.unannounced += used;
-        let half = (txq.get_ref().get_queue().size() as usize / 2).max(1);
-        let Some(timer) = self.timer.as_ref().filter(|_| usecs > 0) else {
-            return self.announce(port, txq);
-        };
-        if self.unannounced >= half {
-            return self.announce(port, txq);
-        }
-        if !self.armed {
-            if timer.arm(Duration::from_micros(usecs.into())).is_err() {
-                return self.announce(port, txq);
+        if let Some(timer) = self.timer.as_ref().filter(|_| usecs > 0) {
+            let half = (txq.get_ref().get_queue().size() as usize / 2).max(1);
+            if self.unannounced < half {
+                if self.armed {
+                    return;
+                }
+                if timer.arm(Duration::from_micros(usecs.into())).is_ok() {
+                    self.armed = true;
+                    return;
+                }
             }
-            self.armed = true;
         }
+        self.announce(port, txq);
     }
 
     /// The timer fired: announce what the guest still asks for, if `may_write` (the
@@ -66,21 +66,22 @@ impl TxCompletion {
             t.clear();
         }
         self.armed = false;
-        if may_write && self.unannounced > 0 {
+        // The queue may have stopped since the chains were used.
+        let running = {
+            let st = txq.get_ref();
+            st.get_queue().ready() && st.is_enabled()
+        };
+        if may_write && running && self.unannounced > 0 {
             self.announce(port, txq);
         }
     }
 
     /// Calls the guest if its `used_event` (EVENT_IDX) asks for it, as of now: chains
-    /// it reclaimed since it asked are no longer owed a call. Never on a stopped queue;
-    /// callers hold the port's `tx_gate`, so never after a clean stop either.
+    /// it reclaimed since it asked are no longer owed a call. Callers hold the port's
+    /// `tx_gate`, so never after a clean stop.
     fn announce(&mut self, port: &Port, txq: &Vring) {
         self.unannounced = 0;
-        let running = {
-            let st = txq.get_ref();
-            st.get_queue().ready() && st.is_enabled()
-        };
-        if running && txq.needs_notification().unwrap_or(true) {
+        if txq.needs_notification().unwrap_or(true) {
             port.stats.tx_calls.fetch_add(1, Relaxed);
             let _ = txq.signal_used_queue();
         }
