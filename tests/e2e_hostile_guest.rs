@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 use common::daemon::{tun_available, Daemon, DaemonSpec};
 use common::frames::{self, finish_csum, Flow, Ips, UdpGso};
 use common::frontend::{feat, FrontendOpts, RawDesc, RxFrame, TestFrontend, TxLayout, RX_QUEUE};
-use etherparse::{NetSlice, SlicedPacket, TransportSlice};
+use etherparse::{LaxNetSlice, LaxSlicedPacket, NetSlice, SlicedPacket, TransportSlice};
 use gsonet::vnet_hdr::{VirtioNetHdr, F_DATA_VALID, F_NEEDS_CSUM, HDR_LEN};
 use proptest::prelude::{Rng as _, RngExt};
 use proptest::test_runner::{RngAlgorithm, TestRng};
@@ -328,9 +328,13 @@ enum Piece {
 /// Strict checks of one segment (its partial checksum already finished).
 fn check_wellformed(f: &[u8]) -> Result<Piece, String> {
     let l3 = l3_offset(f);
-    let p = SlicedPacket::from_ethernet(f).map_err(|e| format!("etherparse: {e}"))?;
-    let (fragment, src, dst) = match &p.net {
-        Some(NetSlice::Ipv4(ip)) => {
+    // The IP layer is read leniently: a later IPv6 fragment's Fragment header names the
+    // first header of the fragmentable part (a Destination Options header, say), which
+    // is not in this fragment, and etherparse's strict parse would read the fragment's
+    // data as that header. Fragments are checked by `parse_frag`, the rest strictly below.
+    let lax = LaxSlicedPacket::from_ethernet(f).map_err(|e| format!("etherparse: {e}"))?;
+    let (fragment, src, dst) = match &lax.net {
+        Some(LaxNetSlice::Ipv4(ip)) => {
             let h = ip.header().to_header();
             if h.header_checksum != h.calc_header_checksum() {
                 return Err("bad IPv4 header checksum".into());
@@ -348,7 +352,7 @@ fn check_wellformed(f: &[u8]) -> Result<Piece, String> {
                 h.destination.to_vec(),
             )
         }
-        Some(NetSlice::Ipv6(ip)) => {
+        Some(LaxNetSlice::Ipv6(ip)) => {
             let h = ip.header().to_header();
             if l3 + 40 + h.payload_length as usize != f.len() {
                 return Err(format!(
@@ -369,6 +373,7 @@ fn check_wellformed(f: &[u8]) -> Result<Piece, String> {
         let frag = frames::parse_frag(f).map_err(|e| format!("fragment: {e:#}"))?;
         return Ok(Piece::Frag { frag, src, dst });
     }
+    let p = SlicedPacket::from_ethernet(f).map_err(|e| format!("etherparse: {e}"))?;
     // L4 checksum over the raw bytes (etherparse's own check rebuilds the TCP header
     // from its fields and loses the reserved bits, which a segment copies as they are).
     let ips = if src.len() == 4 {
