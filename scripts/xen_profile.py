@@ -3,6 +3,7 @@
 the emulated CPUs, taken from outside (nothing runs in the guests to take it).
 
     sudo python3 scripts/xen_profile.py [--seconds 15] [--hz 50] [--backend gsonet kernel]
+        [--pin]
 
 It boots the rig once with the chosen scenarios (guest-tests/xen/scenarios/) and a
 QEMU monitor socket, and while a `measure` of the scenario runs (its XT-MEASURE
@@ -12,7 +13,9 @@ second. Each sample's RIP goes to a bucket: Xen itself, a function of the guests
 dom0's /proc/kallsyms, sent once over the console, gzip + base64), guest user space,
 or a halted vCPU. Prints, per measured run, the share of each bucket and the top
 functions. Samples are of the emulated machine, so they count TCG's cost of each
-guest instruction, which is what the rig's throughput is made of.
+guest instruction, which is what the rig's throughput is made of. With `--pin`, dom0
+runs on emulated CPU 0 only and the domU on CPU 1 only, so each CPU's samples are one
+domain's and are shown apart.
 """
 
 from __future__ import annotations
@@ -94,6 +97,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--domus", type=int, choices=(1, 2), default=1,
                     help="2 adds the domU -> domU runs (two domUs on the netback)")
+    ap.add_argument("--pin", action="store_true",
+                    help="dom0 on CPU 0, the domUs on CPU 1; profile each CPU apart")
     args = ap.parse_args()
     reason = xen.skip_reason()
     if reason:
@@ -102,10 +107,11 @@ def main() -> int:
 
     tmp = tempfile.mkdtemp(prefix="gsonet-xenprof-")
     mon_path = f"{tmp}/monitor.sock"
+    env = {"XT_DOMU_CPUS": "1"} if args.pin else {}
     script = xen.scenario(*args.backend, XT_SECONDS=args.seconds, XT_PROFILE=1,
-                          XT_DOMUS=args.domus)
+                          XT_DOMUS=args.domus, **env)
     rig = xen.XenRig("profile", script, gsonet="gsonet" in args.backend, monitor=mon_path,
-                     timeout=3600)
+                     timeout=3600, xen_args="dom0_vcpus_pin" if args.pin else "")
     result: dict = {}
     runner = threading.Thread(target=lambda: result.setdefault("run", rig.run(check=False)))
     runner.start()
@@ -147,8 +153,9 @@ def main() -> int:
             regs = mon.registers()
         except (OSError, EOFError):
             break
-        for rip, halted in regs:
-            samples[current]["(halted)" if halted else rip] += 1
+        for cpu, (rip, halted) in enumerate(regs):
+            key = f"{current} [{('dom0', 'domU')[min(cpu, 1)]}]" if args.pin else current
+            samples[key]["(halted)" if halted else rip] += 1
         time.sleep(max(0.0, period - (time.monotonic() - t0)))
     runner.join()
     if console is not None:
@@ -172,14 +179,16 @@ def main() -> int:
         for rip, n in raw.items():
             c[where(rip)] += n
         total = sum(c.values())
-        mbps = run.results.get(key) if run else None
+        run_key = key.split(" [")[0]
+        mbps = run.results.get(run_key) if run else None
         print(f"\n== {key}: {mbps} Mbit/s, {total} vCPU samples")
         try:
             gb = float(mbps) * args.seconds / 8000
         except (TypeError, ValueError):
             gb = 0
-        if key in jit and gb:
-            print("   per GB: " + ", ".join(f"{k} {v / gb:,.0f}" for k, v in jit[key].items()))
+        if run_key in jit and gb:
+            print("   per GB: " + ", ".join(f"{k} {v / gb:,.0f}"
+                                         for k, v in jit[run_key].items()))
         groups = collections.Counter()
         for w, n in c.items():
             groups[w if w.startswith("(") else ("module" if w.endswith("]") else "kernel")] += n

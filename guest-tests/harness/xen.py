@@ -140,14 +140,16 @@ class XenRig:
     device model (for the userspace netback baseline). ``timeout``: seconds for the
     whole run, boot included. ``dom0_args``: more words for dom0's command line.
     ``monitor``: a Unix socket path for QEMU's human monitor (scripts/xen_profile.py
-    samples the vCPUs' registers through it)."""
+    samples the vCPUs' registers through it). ``xen_args``: more words for Xen's own
+    command line (e.g. ``dom0_vcpus_pin``)."""
 
     def __init__(self, name: str, script: str, *, gsonet: bool = True,
                  gsonet_bin: str | None = None, qemu: bool = False,
                  files: dict[str, bytes | str] | None = None, timeout: float = 2400,
                  dom0_args: str = "", log_dir: Path | str | None = None,
-                 monitor: str | None = None):
+                 monitor: str | None = None, xen_args: str = ""):
         self.name = name
+        self.xen_args = xen_args
         self.script = script
         self.gsonet = gsonet
         self.gsonet_bin = gsonet_bin or paths.GSONET_BIN
@@ -192,7 +194,7 @@ class XenRig:
                 "-m", "2G", "-smp", "2", "-nographic", "-monitor",
                 f"unix:{self.monitor},server=on,wait=off" if self.monitor else "none",
                 "-serial", "stdio", "-no-reboot", "-nodefaults",
-                "-kernel", str(XEN_ELF), "-append", XEN_ARGS,
+                "-kernel", str(XEN_ELF), "-append", f"{XEN_ARGS} {self.xen_args}".strip(),
                 # multiboot modules: "file args,file"; a comma inside is doubled
                 "-initrd", f"{dom0.replace(',', ',,')},{str(initrd).replace(',', ',,')}"]
 

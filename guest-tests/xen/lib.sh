@@ -23,6 +23,9 @@ exec 9<>/tmp/xt.hold
 domu_cfg() {
     local vif="'mac=$3,script=$4'"
     [ "$4" = none ] && vif=""
+    # XT_DOMU_CPUS: the physical CPUs the domU may run on (the profile pins it)
+    local cpus=""
+    [ -n "${XT_DOMU_CPUS:-}" ] && cpus="cpus = \"$XT_DOMU_CPUS\""
     cat > "/tmp/$1.cfg" <<EOF
 name = "$1"
 type = "pv"
@@ -31,6 +34,7 @@ ramdisk = "/xt/domU.cpio.gz"
 extra = "console=hvc0 loglevel=4 xt.ip=$2/24 xt.name=$1 $6"
 memory = ${5:-256}
 vcpus = 1
+$cpus
 vif = [$vif]
 on_reboot = "restart"
 on_crash = "preserve"

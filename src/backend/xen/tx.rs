@@ -20,8 +20,9 @@ use crate::sys::xen::gntdev::CopyOp;
 
 /// Packets copied per grant-copy ioctl.
 const BATCH: usize = 64;
-/// Bytes of the private TX buffer (a batch of 64 KiB packets).
-const BUF: usize = BATCH * 65536;
+/// Bytes of the private TX buffer (a batch of 64 KiB packets, each with up to a
+/// page of padding in front).
+const BUF: usize = BATCH * (65536 + netif::PAGE);
 
 /// One packet of a batch: the ids to answer, and where its bytes go.
 struct Pending {
@@ -143,7 +144,7 @@ impl Worker {
                 TxParse::Run(run) => run,
             };
             if let Ok(plan) = &run.packet {
-                if used + plan.len > self.buf.len() {
+                if used + netif::PAGE + plan.len > self.buf.len() {
                     break; // the next batch takes it
                 }
             }
@@ -151,7 +152,12 @@ impl Worker {
             self.req_cons = self.req_cons.wrapping_add(n);
             avail -= n;
             let packet = run.packet.map(|plan| {
-                let at = used;
+                // The packet's first slot sits at the same offset in a page of ours as
+                // in the netfront's page: page-sized slots after it then fill whole
+                // pages of ours, one copy op each rather than two.
+                let first_off = plan.frags.first().map_or(0, |f| usize::from(f.offset));
+                let addr = self.buf.as_ptr() as usize + used;
+                let at = used + (first_off.wrapping_sub(addr) & (netif::PAGE - 1));
                 let first = self.ops.len();
                 let mut off = at;
                 for f in &plan.frags {
@@ -164,7 +170,7 @@ impl Worker {
                     });
                     off += usize::from(f.len);
                 }
-                used += plan.len;
+                used = at + plan.len;
                 (plan, at, first..self.ops.len())
             });
             self.batch.push(Pending {

@@ -23,6 +23,9 @@ use crate::vnet_hdr::VirtioNetHdr;
 
 /// Staged RX bytes after which a sender's batch is copied at once.
 const STAGE_MAX: usize = 1 << 20;
+/// Room for the staged bytes: a frame more than STAGE_MAX and each frame's padding,
+/// reserved once so the buffer never moves (its frames' page alignment holds).
+const STAGE_ROOM: usize = STAGE_MAX + 2 * (65536 + netif::PAGE);
 
 /// The frontend end of one connection.
 pub struct Conn {
@@ -59,7 +62,7 @@ impl RxSide {
             ring,
             req_cons: 0,
             broken: false,
-            staged: Vec::new(),
+            staged: Vec::with_capacity(STAGE_ROOM),
             ops: Vec::new(),
             resps: Vec::new(),
             status: Vec::new(),
@@ -160,7 +163,11 @@ impl Conn {
                 return Err(DropReason::RxQueueFull);
             }
         }
-        let base = rx.staged.len();
+        // Each frame starts on a page of ours: its page-sized slots are then one page
+        // each side, one copy op each (a slot straddling two of our pages costs
+        // gntdev two ops, two page pins and twice the hypercall entries).
+        let base = page_aligned(&rx.staged);
+        rx.staged.resize(base, 0);
         for p in parts {
             rx.staged.extend_from_slice(p);
         }
@@ -208,6 +215,12 @@ impl Conn {
         rx.slots = slots;
         Ok(())
     }
+}
+
+/// The first offset at or after `buf`'s end whose address starts a page.
+pub fn page_aligned(buf: &[u8]) -> usize {
+    let end = buf.as_ptr() as usize + buf.len();
+    buf.len() + (end.wrapping_neg() & (netif::PAGE - 1))
 }
 
 /// One vif's port in the switch.

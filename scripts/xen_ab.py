@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""A/B of gsonet builds as Xen netbacks, in ONE boot of the nested Xen rig: the
+variants take turns serving a fresh domU (XT rounds of each), iperf3 both ways.
+
+    python3 scripts/xen_ab.py NAME=BINARY[:VAR=VALUE...] ... [--rounds 2] [--seconds 5]
+
+A variant may set environment variables for its gsonet (NAME=BINARY:VAR=1).
+
+Prints Mbit/s per round and the mean ratio of each variant to the first, with dom0's
+CPU seconds and context switches per GB (results/guest-logs/ keeps the console).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "guest-tests"))
+
+from harness import xen  # noqa: E402
+
+PATHS = ("dom0_to_domu", "domu_to_dom0")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("variants", nargs="+",
+                    help="NAME=BINARY[:VAR=VALUE...], the first is the base")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seconds", type=int, default=5, help="iperf3 seconds per run")
+    args = ap.parse_args()
+    variants = []
+    for v in args.variants:
+        name, sep, rest = v.partition("=")
+        path, *env = rest.split(":")
+        if (not sep or not name.isidentifier() or not Path(path).is_file()
+                or not all("=" in e for e in env)):
+            ap.error(f"{v!r}: want NAME=BINARY[:VAR=VALUE...] with an existing binary")
+        variants.append((name, path, env))
+    reason = xen.skip_reason()
+    if reason:
+        print(f"xen A/B skipped: {reason}")
+        return 1
+    xen.build_rig()
+    names = " ".join(n for n, _, _ in variants)
+    script = xen.scenario("gsonet-ab", XT_VARIANTS=names, XT_ROUNDS=args.rounds,
+                          XT_SECONDS=args.seconds)
+    files: dict[str, bytes | str] = {}
+    for n, p, env in variants:
+        # /xt/gsonet-N starts the build with its environment (exec: the same pid)
+        files[f"gsonet-{n}.bin"] = Path(p).read_bytes()
+        files[f"gsonet-{n}"] = f"#!/bin/sh\nexec env {' '.join(env)} /xt/gsonet-{n}.bin \"$@\"\n"
+    run = xen.XenRig("ab", script, gsonet_bin=variants[0][1], files=files,
+                     timeout=600 + 200 * args.rounds * len(variants)).run()
+
+    def num(key: str) -> float | None:
+        try:
+            return float(run.results[key])
+        except (KeyError, ValueError):
+            return None
+
+    print(f"\nXen rig A/B, one boot ({run.seconds:.0f} s), iperf3 {args.seconds} s")
+    means: dict[tuple[str, str], float] = {}
+    for path in PATHS:
+        print(f"\n{path}: Mbit/s per round | dom0 CPU s/GB | dom0 ctx switches/GB")
+        for name, _, _ in variants:
+            rates, cpu, ctxt = [], [], []
+            for r in range(1, args.rounds + 1):
+                key = f"ab.{name}.r{r}.{path}_mbps"
+                mbps = num(key)
+                if mbps is None:
+                    continue
+                rates.append(mbps)
+                gb = mbps * args.seconds / 8000
+                if gb > 0:
+                    cpu.append((num(f"{key}.cpu_dom0") or 0) / gb)
+                    ctxt.append((num(f"{key}.dom0_ctxt") or 0) / gb)
+            if not rates:
+                print(f"  {name:<12} no result")
+                continue
+            means[(name, path)] = statistics.mean(rates)
+            print(f"  {name:<12} {' '.join(f'{x:7.0f}' for x in rates)}"
+                  f"   mean {means[(name, path)]:7.0f}"
+                  f" | {statistics.mean(cpu):5.1f} | {statistics.mean(ctxt):8.0f}")
+    base = variants[0][0]
+    print()
+    for name, _, _ in variants[1:]:
+        cells = []
+        for path in PATHS:
+            a, b = means.get((base, path)), means.get((name, path))
+            cells.append(f"{path} {b / a:.2f}x" if a and b else f"{path} -")
+        print(f"{name} / {base}: " + ", ".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
