@@ -285,11 +285,12 @@ fn check_frags(
 
 /// The virtio_net_hdr a netfront's packet stands for: `csum_blank` is a partial
 /// checksum whose offsets come from the headers (netif carries none), `data_validated`
-/// a checked one, the GSO extra a gso type and size. `frame` is our copy of its bytes.
-pub fn tx_header(plan: &TxPlan, frame: &[u8]) -> Result<VirtioNetHdr, DropReason> {
+/// a checked one, the GSO extra a gso type and size. `frame` is our copy of its bytes
+/// (in runs, split anywhere).
+pub fn tx_header(plan: &TxPlan, frame: &[&[u8]]) -> Result<VirtioNetHdr, DropReason> {
     let mut hdr = VirtioNetHdr::default();
     if plan.flags & TXF_CSUM_BLANK != 0 {
-        let h = parse::parse_bytes(frame).map_err(|_| DropReason::BadHeaders)?;
+        let h = parse::parse_headers(frame).map_err(|_| DropReason::BadHeaders)?;
         let csum_offset = match h.l4 {
             L4::Tcp => 16,
             L4::Udp => 6,
@@ -718,7 +719,7 @@ mod tests {
             let (f, _) = build(&spec);
             let kind = if v6 { GsoKind::TcpV6 } else { GsoKind::TcpV4 };
             let gso = (tcp && n > usize::from(mss)).then_some((kind, mss));
-            let h = tx_header(&plan_of(TXF_CSUM_BLANK, gso, f.len()), &f).unwrap();
+            let h = tx_header(&plan_of(TXF_CSUM_BLANK, gso, f.len()), &[&f]).unwrap();
             let sliced = etherparse::SlicedPacket::from_ethernet(&f).unwrap();
             let payload_len = match sliced.transport {
                 Some(etherparse::TransportSlice::Tcp(t)) => t.payload().len(),
@@ -741,10 +742,10 @@ mod tests {
     #[test]
     fn data_validated_and_blank_headers_on_other_protocols() {
         let (f, _) = build(&FrameSpec::tcp(false, 100));
-        let h = tx_header(&plan_of(TXF_DATA_VALIDATED, None, f.len()), &f).unwrap();
+        let h = tx_header(&plan_of(TXF_DATA_VALIDATED, None, f.len()), &[&f]).unwrap();
         assert_eq!(h.flags, F_DATA_VALID);
         assert_eq!(
-            tx_header(&plan_of(0, None, f.len()), &f).unwrap(),
+            tx_header(&plan_of(0, None, f.len()), &[&f]).unwrap(),
             VirtioNetHdr::default()
         );
         // csum_blank on something that is not TCP or UDP (an ARP frame) is refused.
@@ -752,7 +753,7 @@ mod tests {
         arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x06]);
         arp.resize(42, 0);
         assert_eq!(
-            tx_header(&plan_of(TXF_CSUM_BLANK, None, arp.len()), &arp),
+            tx_header(&plan_of(TXF_CSUM_BLANK, None, arp.len()), &[&arp]),
             Err(DropReason::BadHeaders)
         );
     }

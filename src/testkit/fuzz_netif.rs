@@ -62,7 +62,7 @@ pub fn fuzz_one(data: &[u8]) {
         })
         .sum();
     assert_eq!(covered, frame.len());
-    let Ok(hdr) = netif::tx_header(&plan, &frame) else {
+    let Ok(hdr) = netif::tx_header(&plan, &[&frame]) else {
         return;
     };
     if hdr.needs_csum() {

@@ -4,6 +4,7 @@
 //! packet through the switch as any port's frame. RX notifications wake senders
 //! holding frames for this vif.
 
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,14 +21,53 @@ use crate::sys::xen::gntdev::CopyOp;
 
 /// Packets copied per grant-copy ioctl.
 const BATCH: usize = 64;
-/// Bytes of the private TX buffer (a batch of 64 KiB packets, each with up to a
-/// page of padding in front).
-const BUF: usize = BATCH * (65536 + netif::PAGE);
+/// Padding a packet may need: up to a page before each of its slots.
+const PAD_MAX: usize = (netif::NR_SLOTS_MIN + 1) * netif::PAGE;
+/// Bytes of the private TX buffer: a batch of 64 KiB packets and their padding.
+const BUF: usize = BATCH * (65536 + PAD_MAX);
 
-/// One packet of a batch: the ids to answer, and where its bytes go.
+/// One packet of a batch: the ids to answer, and where its bytes went: its copy ops
+/// and its runs of bytes in our buffer (indexes into the worker's `ops` and `runs`).
 struct Pending {
     ids: Vec<Option<u16>>,
-    packet: Result<(TxPlan, usize, std::ops::Range<usize>), DropReason>,
+    packet: Result<(TxPlan, Range<usize>, Range<usize>), DropReason>,
+}
+
+/// Lays out a packet's slots in our buffer from offset `used` (`base` is the
+/// buffer's address): each slot at the same offset in a page of ours as in the
+/// netfront's page, so no copy op straddles two of our pages (gntdev splits such an
+/// op in two: two page pins, two hypercall entries). Slots that meet end to end stay
+/// one run. Pushes the ops and runs; returns the offset after the packet.
+fn place(
+    frags: &[netif::Fragment],
+    dom: crate::sys::xen::DomId,
+    base: usize,
+    mut used: usize,
+    ops: &mut Vec<CopyOp>,
+    runs: &mut Vec<Range<usize>>,
+) -> usize {
+    let mut run_open = false;
+    for f in frags {
+        let want = usize::from(f.offset) & (netif::PAGE - 1);
+        let gap = want.wrapping_sub(base.wrapping_add(used)) & (netif::PAGE - 1);
+        if gap != 0 || !run_open {
+            used += gap;
+            runs.push(used..used);
+            run_open = true;
+        }
+        ops.push(CopyOp {
+            dom,
+            gref: f.gref,
+            guest_off: f.offset,
+            len: f.len,
+            local_off: used,
+        });
+        used += usize::from(f.len);
+        if let Some(r) = runs.last_mut() {
+            r.end = used;
+        }
+    }
+    used
 }
 
 struct Worker {
@@ -41,6 +81,7 @@ struct Worker {
     ops: Vec<CopyOp>,
     status: Vec<i16>,
     batch: Vec<Pending>,
+    runs: Vec<Range<usize>>,
     ctx: DeliverCtx,
 }
 
@@ -57,6 +98,7 @@ pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, switch: Arc<Switch>) {
         ops: Vec::new(),
         status: Vec::new(),
         batch: Vec::new(),
+        runs: Vec::new(),
         ctx: DeliverCtx::default(),
     };
     let mut fired = [0u32; 8];
@@ -131,6 +173,7 @@ impl Worker {
     /// Reads, copies, answers and forwards one batch; false if no whole packet was there.
     fn batch_once(&mut self, mut avail: u32) -> bool {
         self.ops.clear();
+        self.runs.clear();
         self.batch.clear();
         let mut used = 0usize;
         while avail > 0 && self.batch.len() < BATCH {
@@ -144,7 +187,7 @@ impl Worker {
                 TxParse::Run(run) => run,
             };
             if let Ok(plan) = &run.packet {
-                if used + netif::PAGE + plan.len > self.buf.len() {
+                if used + PAD_MAX + plan.len > self.buf.len() {
                     break; // the next batch takes it
                 }
             }
@@ -152,26 +195,10 @@ impl Worker {
             self.req_cons = self.req_cons.wrapping_add(n);
             avail -= n;
             let packet = run.packet.map(|plan| {
-                // The packet's first slot sits at the same offset in a page of ours as
-                // in the netfront's page: page-sized slots after it then fill whole
-                // pages of ours, one copy op each rather than two.
-                let first_off = plan.frags.first().map_or(0, |f| usize::from(f.offset));
-                let addr = self.buf.as_ptr() as usize + used;
-                let at = used + (first_off.wrapping_sub(addr) & (netif::PAGE - 1));
-                let first = self.ops.len();
-                let mut off = at;
-                for f in &plan.frags {
-                    self.ops.push(CopyOp {
-                        dom: self.conn.dom,
-                        gref: f.gref,
-                        guest_off: f.offset,
-                        len: f.len,
-                        local_off: off,
-                    });
-                    off += usize::from(f.len);
-                }
-                used = at + plan.len;
-                (plan, at, first..self.ops.len())
+                let (first_op, first_run) = (self.ops.len(), self.runs.len());
+                let base = self.buf.as_ptr() as usize;
+                used = place(&plan.frags, self.conn.dom, base, used, &mut self.ops, &mut self.runs);
+                (plan, first_op..self.ops.len(), first_run..self.runs.len())
             });
             self.batch.push(Pending {
                 ids: run.ids,
@@ -192,7 +219,7 @@ impl Worker {
         for p in &batch {
             let verdict = match &p.packet {
                 Err(r) => Err(*r),
-                Ok((_, _, ops)) => {
+                Ok((_, ops, _)) => {
                     if copied && self.status[ops.clone()].iter().all(|&s| s == 0) {
                         Ok(())
                     } else {
@@ -219,8 +246,9 @@ impl Worker {
         }
         self.push_responses();
         let caps = self.port.tx_caps();
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(netif::NR_SLOTS_MIN);
         for (p, verdict) in batch.iter().zip(verdicts) {
-            let Ok((plan, at, _)) = &p.packet else {
+            let Ok((plan, _, runs)) = &p.packet else {
                 if let Err(r) = verdict {
                     self.port.stats.drop(r);
                 }
@@ -230,16 +258,16 @@ impl Worker {
                 self.port.stats.drop(r);
                 continue;
             }
-            let bytes = &self.buf[*at..*at + plan.len];
+            parts.clear();
+            parts.extend(self.runs[runs.clone()].iter().map(|r| &self.buf[r.clone()]));
             self.port.stats.tx(plan.len);
-            let hdr = match netif::tx_header(plan, bytes) {
+            let hdr = match netif::tx_header(plan, &parts) {
                 Ok(h) => h,
                 Err(r) => {
                     self.port.stats.drop(r);
                     continue;
                 }
             };
-            let parts = [bytes];
             match tx_frame(caps, hdr, &parts) {
                 Ok(frame) => {
                     self.switch
@@ -268,5 +296,66 @@ impl Worker {
                 tracing::debug!(vif = %self.port.name(), "TX notify: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netif::{Fragment, PAGE};
+    use proptest::prelude::*;
+
+    fn frag() -> impl Strategy<Value = Fragment> {
+        (0u16..PAGE as u16).prop_flat_map(|offset| {
+            (1u16..=(PAGE as u16 - offset)).prop_map(move |len| Fragment {
+                gref: 7,
+                offset,
+                len,
+            })
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn slots_never_straddle_our_pages_and_runs_hold_the_bytes_in_order(
+            frags in proptest::collection::vec(frag(), 1..=netif::NR_SLOTS_MIN),
+            base in 0usize..1 << 20,
+            used in 0usize..1 << 16,
+        ) {
+            let (mut ops, mut runs) = (Vec::new(), Vec::new());
+            let end = place(&frags, 3, base, used, &mut ops, &mut runs);
+            prop_assert_eq!(ops.len(), frags.len());
+            let total: usize = frags.iter().map(|f| usize::from(f.len)).sum();
+            prop_assert!(end <= used + PAD_MAX + total);
+            for (op, f) in ops.iter().zip(&frags) {
+                let at = base + op.local_off;
+                prop_assert_eq!(at % PAGE, usize::from(f.offset));
+                prop_assert!(at % PAGE + usize::from(op.len) <= PAGE);
+                prop_assert_eq!((op.gref, op.guest_off, op.len), (f.gref, f.offset, f.len));
+            }
+            // The runs, read in order, are the ops' bytes in order, nothing else.
+            let from_runs: Vec<usize> = runs.iter().flat_map(|r| r.clone()).collect();
+            let from_ops: Vec<usize> = ops
+                .iter()
+                .flat_map(|o| o.local_off..o.local_off + usize::from(o.len))
+                .collect();
+            prop_assert_eq!(from_runs, from_ops);
+            prop_assert!(runs.first().is_some_and(|r| r.start >= used));
+            prop_assert!(runs.last().is_some_and(|r| r.end == end));
+        }
+    }
+
+    #[test]
+    fn page_sized_slots_after_a_short_first_slot_stay_one_run() {
+        let f = |offset, len| Fragment { gref: 1, offset, len };
+        let frags = [f(3000, 1096), f(0, 4096), f(0, 100)];
+        let (mut ops, mut runs) = (Vec::new(), Vec::new());
+        let end = place(&frags, 1, 8192, 0, &mut ops, &mut runs);
+        assert_eq!(runs, vec![3000..3000 + 1096 + 4096 + 100]);
+        assert_eq!(end, 3000 + 1096 + 4096 + 100);
+        // A slot starting mid-page opens a second run at its own offset.
+        let (mut ops, mut runs) = (Vec::new(), Vec::new());
+        place(&[f(0, 200), f(500, 100)], 1, 0, 0, &mut ops, &mut runs);
+        assert_eq!(runs, vec![0..200, 500..600]);
     }
 }
