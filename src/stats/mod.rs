@@ -45,7 +45,8 @@ pub struct Counters {
     pub rx_kicks: AtomicU64,
     pub tx_calls: AtomicU64,
     pub rx_calls: AtomicU64,
-    /// Looks at the TX queue by the `tx_poll_us` timer, kicks being off.
+    /// Looks at the TX queue by the `tx_poll_us` timer, kicks being off (a Xen vif:
+    /// by its 200 ms look); for an uplink, reads of its queue by a sender (`reap`).
     pub tx_polls: AtomicU64,
     drops: DropCounters,
 }

@@ -41,6 +41,29 @@ pub fn poll_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> 
     Ok(n > 0)
 }
 
+/// Waits up to `timeout` for any of `fds` to become readable; returns which are, as a
+/// bit per fd (at most 8 fds).
+pub fn poll_any(fds: &[BorrowedFd<'_>], timeout: Duration) -> io::Result<u8> {
+    let mut pfds = [libc::pollfd {
+        fd: -1,
+        events: libc::POLLIN,
+        revents: 0,
+    }; 8];
+    let n = fds.len().min(pfds.len());
+    for (p, fd) in pfds.iter_mut().zip(fds) {
+        p.fd = fd.as_raw_fd();
+    }
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the first `n` entries of `pfds` are valid pollfds, exclusively borrowed
+    // for the call.
+    check(unsafe { libc::poll(pfds.as_mut_ptr(), n as libc::nfds_t, ms) })?;
+    Ok(pfds[..n]
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0)
+        .fold(0, |m, (i, _)| m | 1 << i))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,6 +81,8 @@ mod tests {
 
         assert_eq!(writev(a.as_fd(), &[b"ab", b"", b"cde"]).unwrap(), 5);
         assert!(poll_readable(b.as_fd(), Duration::from_secs(1)).unwrap());
+        // b readable, a not: only b's bit
+        assert_eq!(poll_any(&[a.as_fd(), b.as_fd()], Duration::ZERO).unwrap(), 0b10);
         assert_eq!(read(b.as_fd(), &mut buf).unwrap(), 5);
         assert_eq!(&buf[..5], b"abcde");
     }

@@ -138,7 +138,7 @@ const COUNTERS: &[CounterFamily] = &[
     },
     CounterFamily {
         name: "tx_polls_total",
-        help: "Looks at a port's TX queue by the tx_poll_us timer, kicks being off.",
+        help: "Looks at a port's TX queue by the tx_poll_us timer, kicks being off; for an uplink, reads of its queue by a sender.",
         value: |s| s.tx_polls,
     },
 ];

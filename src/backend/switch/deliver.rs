@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::SwitchPort;
+use super::{SwitchPort, SwitchUplink};
 use crate::features::Caps;
 use crate::frame::Frame;
 use crate::segment::gro::{Coalescer, Kinds, Merged, Offer};
@@ -47,10 +47,14 @@ pub enum OnFull {
     Return,
 }
 
-/// Guest RX queues written during a batch, signalled once at its end.
+/// Guest RX queues written during a batch, signalled once at its end; and the uplink
+/// queues written, reaped after (`DeliverCtx::reap_uplinks`).
 #[derive(Default)]
 pub struct Pending {
     rx: Vec<(Arc<dyn SwitchPort>, usize)>,
+    uplinks: Vec<(Arc<dyn SwitchUplink>, usize)>,
+    /// The last uplink queue reaped, for a sender that may serve it (`own`).
+    pub last_reaped: Option<(Arc<dyn SwitchUplink>, usize)>,
 }
 
 impl Pending {
@@ -64,10 +68,25 @@ impl Pending {
         }
     }
 
-    /// Signals every guest queue written since the last flush.
+    pub fn uplink_written(&mut self, up: &Arc<dyn SwitchUplink>, queue: usize) {
+        if !self
+            .uplinks
+            .iter()
+            .any(|(u, q)| Arc::ptr_eq(u, up) && *q == queue)
+        {
+            self.uplinks.push((up.clone(), queue));
+        }
+    }
+
+    /// Signals every guest queue written since the last flush, then reaps the
+    /// uplink queues written.
     pub fn flush(&mut self) {
         for (port, queue) in self.rx.drain(..) {
             port.signal_rx(queue);
+        }
+        for (up, queue) in self.uplinks.drain(..) {
+            up.reap(queue);
+            self.last_reaped = Some((up, queue));
         }
     }
 }
@@ -134,6 +153,9 @@ pub struct DeliverCtx {
     /// The sender can be held (a guest's TX queue): a destination over its
     /// `rx_rate=` holds it rather than losing the frame.
     pub can_hold: bool,
+    /// The sender reads the uplink queues it wrote to at the end of its batch
+    /// (`SwitchUplink::reap`), taking the host's answers without waking a reader.
+    pub reap_uplinks: bool,
     /// The longest hold a destination asked for since the last `take_hold`.
     hold: Option<Duration>,
     /// The time read once per batch for the FDB (a clock read is a system call where
@@ -172,6 +194,14 @@ impl DeliverCtx {
     pub fn holding() -> DeliverCtx {
         DeliverCtx {
             can_hold: true,
+            ..DeliverCtx::default()
+        }
+    }
+
+    /// The state of a sender that reaps the uplink queues it writes to.
+    pub fn reaping() -> DeliverCtx {
+        DeliverCtx {
+            reap_uplinks: true,
             ..DeliverCtx::default()
         }
     }

@@ -79,6 +79,23 @@ pub trait SwitchUplink: Destination + Send + Sync {
     fn mac_limit(&self) -> usize {
         UPLINK_MAC_LIMIT
     }
+    /// A sender that wrote to its queue `queue` ends its batch and offers its thread
+    /// to read what came back on that queue (see `uplink::reader::reap`).
+    fn reap(&self, _queue: usize) {}
+    /// Whether the calling thread now serves queue `queue`: it polls `queue_fd` with
+    /// its own fds, calls `serve` when it is readable, and `disown` when it stops or
+    /// `serve` says so; the uplink's reader thread waits meanwhile (`uplink::reader`).
+    fn own(&self, _queue: usize) -> bool {
+        false
+    }
+    fn queue_fd(&self, _queue: usize) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+    /// Reads and forwards what the owned queue holds; false: let go of it now.
+    fn serve(&self, _queue: usize) -> bool {
+        false
+    }
+    fn disown(&self, _queue: usize) {}
 }
 
 /// A port's place in the switch, read once from its configuration.
@@ -702,14 +719,18 @@ impl Switch {
                         sent: 0,
                     });
                 }
-                Some(deliver(
+                let out = deliver(
                     frame,
                     up.as_ref(),
                     queue,
                     &mut ctx.segmenter,
                     on_full,
                     skip,
-                ))
+                );
+                if out.sent > skip && ctx.reap_uplinks {
+                    ctx.pending.uplink_written(up, queue);
+                }
+                Some(out)
             }
         }
     }

@@ -3,11 +3,14 @@
 //! settings (`gso=`, `max_burst=`) and the counters.
 
 use std::io;
-use std::sync::RwLock;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Mutex, OnceLock, RwLock};
 
 use tracing::info;
 
 use super::packet::{PacketError, PacketSocket};
+use super::queue::{Doorbell, Home, QueueSlot};
 use super::tap::{Tap, TapError, TapOptions};
 use super::{Uplink, UplinkDevice};
 use crate::backend::ratelimit::ByteRate;
@@ -27,6 +30,10 @@ pub struct DeviceUplink<D: UplinkDevice> {
     rate: RwLock<Option<ByteRate>>,
     /// `rx_rate=`: what gsonet may send into it.
     rx_rate: RwLock<Option<ByteRate>>,
+    /// Per device queue: the state of reading it and who serves it.
+    pub(super) queues: Vec<QueueSlot>,
+    /// Where the readers forward to, once they started.
+    pub(super) home: OnceLock<Home>,
 }
 
 fn bucket(r: Option<RateLimit>) -> Option<ByteRate> {
@@ -73,11 +80,19 @@ impl PacketUplink {
 impl<D: UplinkDevice> DeviceUplink<D> {
     pub fn new(dev: D, cfg: &UplinkConfig) -> DeviceUplink<D> {
         DeviceUplink {
-            dev,
             cfg: RwLock::new(cfg.clone()),
             stats: Counters::default(),
             rate: RwLock::new(bucket(cfg.rate)),
             rx_rate: RwLock::new(bucket(cfg.rx_rate)),
+            queues: (0..dev.queues())
+                .map(|_| QueueSlot {
+                    reader: Mutex::default(),
+                    owned: AtomicBool::new(false),
+                    wake: Doorbell::new().ok(),
+                })
+                .collect(),
+            home: OnceLock::new(),
+            dev,
         }
     }
 
@@ -164,6 +179,26 @@ impl<D: UplinkDevice> SwitchUplink for DeviceUplink<D> {
 
     fn set_rx_offload(&self, caps: Caps) -> Result<Caps, String> {
         self.dev.set_offload(caps)
+    }
+
+    fn reap(&self, queue: usize) {
+        self.reap_queue(queue);
+    }
+
+    fn own(&self, queue: usize) -> bool {
+        self.own_queue(queue)
+    }
+
+    fn queue_fd(&self, queue: usize) -> Option<BorrowedFd<'_>> {
+        (queue < self.dev.queues()).then(|| self.dev.fd(queue))
+    }
+
+    fn serve(&self, queue: usize) -> bool {
+        self.serve_queue(queue)
+    }
+
+    fn disown(&self, queue: usize) {
+        self.disown_queue(queue);
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod device;
 pub mod packet;
+pub mod queue;
 pub mod reader;
 pub mod tap;
 

@@ -1,6 +1,8 @@
 //! The reader threads of an uplink, one per device queue: read a frame, parse it once
 //! into a typed frame, forward it (holding frames for a full guest queue aside, see
-//! `backpressure`), and signal the guests written to once per batch.
+//! `backpressure`), and signal the guests written to once per batch. A sender may
+//! read a queue too: at the end of its batch (`reap`), or wholly for a while, the
+//! reader thread standing by (`own_queue`, `serve_queue`, `disown_queue`).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +13,7 @@ use std::time::Duration;
 use tracing::{debug, error, warn};
 
 use super::device::DeviceUplink;
+use super::queue::{Home, QueueReader};
 use super::UplinkDevice;
 use crate::backend::switch::backpressure::{forward_holding, Held};
 use crate::backend::switch::deliver::DeliverCtx;
@@ -25,6 +28,8 @@ use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 const RX_BATCH: usize = 64;
 /// Longest wait for a frame, with nothing held, before the queue is tried anyway.
 const POLL_WAIT: Duration = Duration::from_secs(1);
+/// While a sender's thread serves the queue, how often the reader looks at it anyway.
+const OWNED_LOOK: Duration = Duration::from_millis(200);
 /// Longest pause after failed reads: a device that fails every read (a tap deleted
 /// under gsonet stays readable and answers EBADFD) costs about one read a second.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
@@ -42,6 +47,12 @@ pub fn start<D: UplinkDevice>(
     switch: Arc<Switch>,
     stop: Arc<AtomicBool>,
 ) -> io::Result<Vec<JoinHandle<()>>> {
+    // Senders may read this uplink's queues from now on (see `reap` and `own`).
+    let _ = uplink.home.set(Home {
+        switch: Arc::downgrade(&switch),
+        id,
+        stop: stop.clone(),
+    });
     let mut readers = Vec::new();
     for q in 0..uplink.dev.queues() {
         let me = uplink.clone();
@@ -69,49 +80,158 @@ fn read_loop<D: UplinkDevice>(
     switch: &Switch,
     stop: &AtomicBool,
 ) {
-    let mut buf = vec![0u8; HDR_LEN + 65535 + 64];
-    let mut ctx = DeliverCtx::default();
-    let mut held = Held::default();
     let fd = up.dev.fd(queue);
-    let mut failures: u32 = 0;
+    let slot = &up.queues[queue];
+    let lock = || slot.reader.lock().unwrap_or_else(|e| e.into_inner());
     while !stop.load(Ordering::Relaxed) {
+        let failures = lock().failures;
         if failures > 0 {
             thread::sleep(backoff(failures));
         }
-        held.retry(switch, &mut ctx);
-        // What GRO took from the retried frames leaves before the wait.
-        ctx.flush();
-        match poll_readable(fd, held.poll_timeout(POLL_WAIT)) {
+        if let (true, Some(wake)) = (slot.owned.load(Ordering::Acquire), &slot.wake) {
+            // A sender's thread serves the queue: wait until it lets go, and look at
+            // the queue once per OWNED_LOOK meanwhile, in case it stalls.
+            let _ = poll_readable(wake.fd(), OWNED_LOOK);
+            wake.clear();
+            if slot.owned.load(Ordering::Acquire) {
+                read_batch(up, id, queue, switch, &mut lock());
+                continue;
+            }
+        }
+        let timeout = {
+            let mut st = lock();
+            let QueueReader { ctx, held, .. } = &mut *st;
+            held.retry(switch, ctx);
+            // What GRO took from the retried frames leaves before the wait.
+            ctx.flush();
+            held.poll_timeout(POLL_WAIT)
+        };
+        match poll_readable(fd, timeout) {
             Err(e) if e.kind() != io::ErrorKind::Interrupted => {
                 error!(uplink = %up.dev.name(), "poll failed: {e}");
                 return;
             }
             _ => {}
         }
-        for _ in 0..RX_BATCH {
-            let at = match up.dev.recv(queue, &mut buf) {
-                Ok(Some(at)) => at,
-                Ok(None) => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
-                    up.stats.drop(DropReason::TooLong);
-                    continue;
+        read_batch(up, id, queue, switch, &mut lock());
+    }
+}
+
+/// Reads up to RX_BATCH frames from the queue and forwards them, then signals the
+/// guests written to.
+fn read_batch<D: UplinkDevice>(
+    up: &DeviceUplink<D>,
+    id: usize,
+    queue: usize,
+    switch: &Switch,
+    st: &mut QueueReader,
+) {
+    let QueueReader {
+        buf,
+        ctx,
+        held,
+        failures,
+    } = st;
+    for _ in 0..RX_BATCH {
+        let at = match up.dev.recv(queue, buf) {
+            Ok(Some(at)) => at,
+            Ok(None) => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
+                up.stats.drop(DropReason::TooLong);
+                continue;
+            }
+            Err(e) => {
+                *failures = failures.saturating_add(1);
+                if *failures == 10 {
+                    warn!(uplink = %up.dev.name(), "reads keep failing ({e}); retrying about once a second");
+                } else {
+                    debug!(uplink = %up.dev.name(), "read: {e}");
                 }
-                Err(e) => {
-                    failures = failures.saturating_add(1);
-                    if failures == 10 {
-                        warn!(uplink = %up.dev.name(), "reads keep failing ({e}); retrying about once a second");
-                    } else {
-                        debug!(uplink = %up.dev.name(), "read: {e}");
-                    }
-                    up.stats.drop(DropReason::UplinkReadError);
-                    break;
-                }
-            };
-            failures = 0;
-            handle_frame(up, id, queue, &buf[at], switch, &mut ctx, &mut held);
+                up.stats.drop(DropReason::UplinkReadError);
+                break;
+            }
+        };
+        *failures = 0;
+        handle_frame(up, id, queue, &buf[at], switch, ctx, held);
+    }
+    ctx.flush();
+}
+
+/// The switch and id to forward with, while the uplink is in the switch.
+fn home<D: UplinkDevice>(up: &DeviceUplink<D>) -> Option<(Arc<Switch>, usize)> {
+    let h = up.home.get()?;
+    if h.stop.load(Ordering::Relaxed) {
+        return None;
+    }
+    Some((h.switch.upgrade()?, h.id))
+}
+
+/// A sender reading the uplink's queues (`SwitchUplink::reap` and the owning calls).
+impl<D: UplinkDevice> DeviceUplink<D> {
+    /// A sender that wrote to `queue` ends its batch: what the host answered meanwhile
+    /// (TCP ACKs, and for a sender of ACKs the data they released: the kernel sends both
+    /// while it takes in the frames written) is read and forwarded on the sender's
+    /// thread, so no reader is woken for it. Skipped when someone else is reading the
+    /// queue or frames are held back for a full guest queue.
+    pub(super) fn reap_queue(&self, queue: usize) {
+        let (Some((switch, id)), Some(slot)) = (home(self), self.queues.get(queue)) else {
+            return;
+        };
+        let Ok(mut st) = slot.reader.try_lock() else {
+            return;
+        };
+        if st.held.is_empty() && st.failures == 0 {
+            // An uplink has no TX queue of its own to poll: its `tx_polls` count these.
+            self.stats.tx_polls.fetch_add(1, Ordering::Relaxed);
+            read_batch(self, id, queue, &switch, &mut st);
         }
-        ctx.flush();
+    }
+
+    /// The calling thread takes over the reading of `queue` from its reader thread (one
+    /// owner at a time; none while frames are held back). A Xen vif's worker does, for
+    /// the tap queue it writes to: it waits on the queue with its event channel, so the
+    /// host's answers to its guest cost no other thread's wake-up.
+    pub(super) fn own_queue(&self, queue: usize) -> bool {
+        let Some(slot) = self.queues.get(queue) else {
+            return false;
+        };
+        if slot.wake.is_none() || home(self).is_none() {
+            return false;
+        }
+        let Ok(st) = slot.reader.try_lock() else {
+            return false;
+        };
+        st.held.is_empty()
+            && st.failures == 0
+            && slot
+                .owned
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// The owner found `queue` readable: reads and forwards a batch. False when the
+    /// owner must let go (the uplink left the switch, a read failed, or frames are held
+    /// back: the reader thread deals with those).
+    pub(super) fn serve_queue(&self, queue: usize) -> bool {
+        let (Some((switch, id)), Some(slot)) = (home(self), self.queues.get(queue)) else {
+            return false;
+        };
+        let mut st = slot.reader.lock().unwrap_or_else(|e| e.into_inner());
+        read_batch(self, id, queue, &switch, &mut st);
+        st.held.is_empty() && st.failures == 0
+    }
+
+    /// The owner lets go of `queue`: its reader thread reads it again.
+    pub(super) fn disown_queue(&self, queue: usize) {
+        let Some(slot) = self.queues.get(queue) else {
+            return;
+        };
+        if slot.owned.swap(false, Ordering::AcqRel) {
+            if let Some(w) = &slot.wake {
+                w.ring();
+            }
+        }
     }
 }
 
@@ -149,11 +269,144 @@ fn handle_frame<D: UplinkDevice>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::switch::deliver::Destination;
+    use crate::backend::switch::{SwitchPort, SwitchUplink};
+    use crate::backend::uplink::device::TapUplink;
+    use crate::backend::uplink::packet::PacketSocket;
+    use crate::config::UplinkConfig;
+    use crate::features::Caps;
+    use crate::l2::Vid;
+    use crate::stats::Counters;
+    use std::sync::Mutex;
+    use std::time::Instant;
 
     #[test]
     fn failing_reads_back_off_to_a_second() {
         assert_eq!(backoff(1), Duration::from_millis(2));
         assert!(backoff(5) > backoff(4));
         assert_eq!(backoff(40), MAX_BACKOFF);
+    }
+
+    /// A guest port that records the sequence number of each frame it gets.
+    #[derive(Default)]
+    struct Seqs {
+        got: Mutex<Vec<u32>>,
+        stats: Counters,
+    }
+
+    impl Destination for Seqs {
+        fn caps(&self) -> Caps {
+            Caps::ALL
+        }
+        fn max_burst(&self) -> Option<usize> {
+            None
+        }
+        fn send(&self, _: usize, _: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
+            let f = parts.concat();
+            if f.len() >= 20 && f[12..14] == [0x88, 0xb5] {
+                let seq = u32::from_be_bytes([f[16], f[17], f[18], f[19]]);
+                self.got.lock().unwrap().push(seq);
+            }
+            Ok(())
+        }
+        fn stats(&self) -> &Counters {
+            &self.stats
+        }
+    }
+
+    impl SwitchPort for Seqs {
+        fn vlan(&self) -> Option<Vid> {
+            None
+        }
+        fn is_connected(&self) -> bool {
+            true
+        }
+        fn rx_caps(&self) -> Option<Caps> {
+            Some(Caps::ALL)
+        }
+        fn signal_rx(&self, _: usize) {}
+    }
+
+    /// Broadcast frames `seqs` into the tap from the host's side (they come out of
+    /// the tap's queue to gsonet), tagged with this process and a sequence number.
+    fn inject(host: &PacketSocket, seqs: std::ops::Range<u32>) {
+        let hdr = [0u8; HDR_LEN];
+        for seq in seqs {
+            let mut f = vec![0u8; 80];
+            f[..6].copy_from_slice(&[0xff; 6]);
+            f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x42]);
+            f[12..14].copy_from_slice(&[0x88, 0xb5]);
+            f[14..16].copy_from_slice(&(std::process::id() as u16).to_be_bytes());
+            f[16..20].copy_from_slice(&seq.to_be_bytes());
+            host.send(0, &[&hdr[..host.hdr_len()], &f]).unwrap();
+        }
+    }
+
+    fn wait_for(port: &Seqs, n: usize, within: Duration) -> Vec<u32> {
+        let end = Instant::now() + within;
+        loop {
+            let got = port.got.lock().unwrap().clone();
+            if got.len() >= n || Instant::now() > end {
+                return got;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A sender's thread takes a tap queue over (one owner at a time), reads it in
+    /// order when it serves it, and a stalled owner strands nothing: the reader
+    /// thread looks at the queue anyway. Letting go makes room for a new owner; a
+    /// removed uplink makes the owner let go.
+    #[test]
+    fn an_owned_queue_is_served_in_order_and_never_stranded() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let name = format!("gsown{}", std::process::id() % 100_000);
+        let cfg = UplinkConfig::parse(&format!("tap={name},persist=off")).unwrap();
+        let up = Arc::new(TapUplink::open(&cfg, &name).expect("tap"));
+        let host = PacketSocket::open(&name, 1, false).expect("AF_PACKET on the tap");
+        let port = Arc::new(Seqs::default());
+        let switch = Arc::new(Switch::new(
+            vec![port.clone() as Arc<dyn SwitchPort>],
+            vec![up.clone() as Arc<dyn SwitchUplink>],
+            Duration::from_secs(300),
+        ));
+        assert!(!up.own(0), "no one owns a queue before its readers start");
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers = start(up.clone(), 0, switch, stop.clone()).unwrap();
+
+        assert!(up.own(0));
+        assert!(!up.own(0), "a second owner");
+        // The reader may still be in its wait on the device: let it see the owner.
+        thread::sleep(POLL_WAIT + Duration::from_millis(100));
+        inject(&host, 0..50);
+        let fd = up.queue_fd(0).unwrap();
+        assert!(poll_readable(fd, Duration::from_secs(2)).unwrap());
+        assert!(up.serve(0));
+        let got = wait_for(&port, 50, Duration::from_secs(2));
+        assert_eq!(got, (0..50).collect::<Vec<_>>());
+
+        // The owner stalls: the reader's look every OWNED_LOOK delivers, in order.
+        inject(&host, 50..60);
+        let got = wait_for(&port, 60, Duration::from_secs(3));
+        assert_eq!(got, (0..60).collect::<Vec<_>>());
+
+        up.disown(0);
+        assert!(up.own(0), "owned again after the owner let go");
+        up.disown(0);
+        inject(&host, 60..70);
+        let got = wait_for(&port, 70, Duration::from_secs(3));
+        assert_eq!(got, (0..70).collect::<Vec<_>>());
+
+        // The uplink leaves the switch: the owner is told to let go.
+        assert!(up.own(0));
+        stop.store(true, Ordering::Relaxed);
+        assert!(!up.serve(0));
+        up.disown(0);
+        for r in readers {
+            r.join().unwrap();
+        }
     }
 }

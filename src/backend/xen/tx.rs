@@ -5,6 +5,7 @@
 //! holding frames for this vif.
 
 use std::ops::Range;
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +14,11 @@ use tracing::warn;
 
 use super::vif::{Conn, VifPort};
 use crate::backend::switch::deliver::DeliverCtx;
-use crate::backend::switch::{Endpoint, Switch};
+use crate::backend::switch::{Endpoint, Switch, SwitchUplink};
 use crate::frame::validate::tx_frame;
 use crate::netif::{self, TxParse, TxPlan, TX_RING_SIZE};
 use crate::stats::DropReason;
+use crate::sys::io::poll_any;
 use crate::sys::xen::gntdev::CopyOp;
 
 /// Packets copied per grant-copy ioctl.
@@ -99,15 +101,29 @@ pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, switch: Arc<Switch>) {
         status: Vec::new(),
         batch: Vec::new(),
         runs: Vec::new(),
-        ctx: DeliverCtx::default(),
+        // The host answers what this vif sends (TCP ACKs) while taking it in: read
+        // them at the end of each batch here rather than waking the uplink reader.
+        ctx: DeliverCtx::reaping(),
     };
     let mut fired = [0u32; 8];
+    // The uplink queue this worker reads itself, once it has written to it: the
+    // host's answers to the guest (ACKs for its data, data for its ACKs) then wake
+    // this thread, not the uplink's reader too (uplink::reader::own).
+    let mut served: Option<(Arc<dyn SwitchUplink>, usize)> = None;
     while !w.conn.stop.load(Ordering::Acquire) {
-        if let Err(e) = w.conn.evt.wait(Duration::from_millis(200)) {
-            warn!(vif = %w.port.name(), "event channel wait: {e}");
-            std::thread::sleep(Duration::from_millis(200));
+        let (events, queue_ready) = w.wait(served.as_ref());
+        if let Some((up, q)) = &served {
+            // On a timeout too: `serve` is also where a removed uplink is let go.
+            if (queue_ready || !events) && !up.serve(*q) {
+                up.disown(*q);
+                served = None;
+            }
         }
-        let n = w.conn.evt.pending(&mut fired).unwrap_or(0);
+        let n = if events {
+            w.conn.evt.pending(&mut fired).unwrap_or(0)
+        } else {
+            0
+        };
         if n > 0 {
             let _ = w.conn.evt.unmask(&fired[..n]);
         }
@@ -129,10 +145,36 @@ pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, switch: Arc<Switch>) {
             w.port.stats.tx_polls.fetch_add(1, Ordering::Relaxed);
         }
         w.ctx.flush();
+        let reaped = w.ctx.pending.last_reaped.take();
+        if let (None, Some((up, q))) = (&served, reaped) {
+            if up.own(q) {
+                served = Some((up, q));
+            }
+        }
+    }
+    if let Some((up, q)) = served {
+        up.disown(q);
     }
 }
 
 impl Worker {
+    /// Waits up to 200 ms for an event, or for the served uplink queue to become
+    /// readable; says which came.
+    fn wait(&self, served: Option<&(Arc<dyn SwitchUplink>, usize)>) -> (bool, bool) {
+        let timeout = Duration::from_millis(200);
+        let queue = served.and_then(|(up, q)| up.queue_fd(*q));
+        let waited = match queue {
+            Some(fd) => poll_any(&[self.conn.evt.as_fd(), fd], timeout)
+                .map(|bits| (bits & 1 != 0, bits & 2 != 0)),
+            None => self.conn.evt.wait(timeout).map(|e| (e, false)),
+        };
+        waited.unwrap_or_else(|e| {
+            warn!(vif = %self.port.name(), "event channel wait: {e}");
+            std::thread::sleep(timeout);
+            (true, false)
+        })
+    }
+
     fn slot(&self, i: u32) -> [u8; netif::TX_SLOT] {
         let mut b = [0u8; netif::TX_SLOT];
         self.conn

@@ -1,0 +1,107 @@
+//! One device queue of an uplink as its readers share it: the state of reading it
+//! (`QueueReader`, held by whoever reads), whether a sender's thread owns it, and the
+//! doorbell that gives it back to the reader thread (`reader` has the rules).
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::backend::switch::backpressure::Held;
+use crate::backend::switch::deliver::DeliverCtx;
+use crate::backend::switch::Switch;
+use crate::vnet_hdr::HDR_LEN;
+
+/// What reading one device queue needs between reads. It is held by whoever reads
+/// the queue, so frames read from it are forwarded in the order the device gave them:
+/// the queue's reader thread, or a sender (`reap_queue`, `serve_queue`).
+pub struct QueueReader {
+    pub(super) buf: Vec<u8>,
+    pub(super) ctx: DeliverCtx,
+    pub(super) held: Held,
+    pub(super) failures: u32,
+}
+
+impl Default for QueueReader {
+    fn default() -> QueueReader {
+        QueueReader {
+            buf: vec![0u8; HDR_LEN + 65535 + 64],
+            ctx: DeliverCtx::default(),
+            held: Held::default(),
+            failures: 0,
+        }
+    }
+}
+
+/// One device queue of an uplink.
+pub struct QueueSlot {
+    /// The state of reading the queue, held by whoever reads it.
+    pub(super) reader: Mutex<QueueReader>,
+    /// A sender's thread serves the queue (`own_queue` in reader.rs); the reader then
+    /// waits on `wake` rather than on the device.
+    pub(super) owned: AtomicBool,
+    /// Rung when the owner lets go. Without it, no one may own the queue.
+    pub(super) wake: Option<Doorbell>,
+}
+
+/// A wake-up one thread rings and another polls: a non-blocking socket pair.
+pub struct Doorbell {
+    bell: UnixStream,
+    ear: UnixStream,
+}
+
+impl Doorbell {
+    pub(super) fn new() -> io::Result<Doorbell> {
+        let (bell, ear) = UnixStream::pair()?;
+        bell.set_nonblocking(true)?;
+        ear.set_nonblocking(true)?;
+        Ok(Doorbell { bell, ear })
+    }
+
+    /// Rings (a full socket buffer means it rang already).
+    pub fn ring(&self) {
+        let _ = (&self.bell).write(&[1]);
+    }
+
+    /// What to poll for a ring.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.ear.as_fd()
+    }
+
+    /// Forgets the rings so far.
+    pub fn clear(&self) {
+        let mut buf = [0u8; 64];
+        while matches!((&self.ear).read(&mut buf), Ok(n) if n > 0) {}
+    }
+}
+
+/// The switch and id the readers forward with, and the uplink's stop flag.
+pub struct Home {
+    pub(super) switch: Weak<Switch>,
+    pub(super) id: usize,
+    pub(super) stop: Arc<AtomicBool>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::io::poll_readable;
+    use std::time::Duration;
+
+    #[test]
+    fn a_doorbell_wakes_its_poller_until_cleared() {
+        let d = Doorbell::new().unwrap();
+        assert!(!poll_readable(d.fd(), Duration::ZERO).unwrap());
+        d.ring();
+        d.ring();
+        assert!(poll_readable(d.fd(), Duration::from_secs(1)).unwrap());
+        d.clear();
+        assert!(!poll_readable(d.fd(), Duration::ZERO).unwrap());
+        // Rung far more than its socket buffer holds: ringing never blocks.
+        for _ in 0..1_000_000 {
+            d.ring();
+        }
+        assert!(poll_readable(d.fd(), Duration::ZERO).unwrap());
+    }
+}
