@@ -4,7 +4,7 @@
 
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Mutex, OnceLock, RwLock};
 
 use tracing::info;
@@ -89,6 +89,7 @@ impl<D: UplinkDevice> DeviceUplink<D> {
                     reader: Mutex::default(),
                     owned: AtomicBool::new(false),
                     wake: Doorbell::new().ok(),
+                    sender_reads: AtomicU64::new(0),
                 })
                 .collect(),
             home: OnceLock::new(),

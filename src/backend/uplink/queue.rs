@@ -5,7 +5,7 @@
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::backend::switch::backpressure::Held;
@@ -43,6 +43,9 @@ pub struct QueueSlot {
     pub(super) owned: AtomicBool,
     /// Rung when the owner lets go. Without it, no one may own the queue.
     pub(super) wake: Option<Doorbell>,
+    /// Reads of the queue by senders (reaps, an owner's serves): the reader tells a
+    /// busy owner from a stalled one by it.
+    pub(super) sender_reads: AtomicU64,
 }
 
 /// A wake-up one thread rings and another polls: a non-blocking socket pair.

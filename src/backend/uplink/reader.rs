@@ -83,6 +83,7 @@ fn read_loop<D: UplinkDevice>(
     let fd = up.dev.fd(queue);
     let slot = &up.queues[queue];
     let lock = || slot.reader.lock().unwrap_or_else(|e| e.into_inner());
+    let mut owner_reads_seen = slot.sender_reads.load(Ordering::Relaxed);
     while !stop.load(Ordering::Relaxed) {
         let failures = lock().failures;
         if failures > 0 {
@@ -90,11 +91,19 @@ fn read_loop<D: UplinkDevice>(
         }
         if let (true, Some(wake)) = (slot.owned.load(Ordering::Acquire), &slot.wake) {
             // A sender's thread serves the queue: wait until it lets go, and look at
-            // the queue once per OWNED_LOOK meanwhile, in case it stalls.
+            // the queue once per OWNED_LOOK meanwhile. Frames found there while the
+            // owner read nothing since the last look mean it is stuck in its own
+            // guest's work: take the queue back, so no guest's traffic waits on
+            // another's for longer than a look.
             let _ = poll_readable(wake.fd(), OWNED_LOOK);
             wake.clear();
             if slot.owned.load(Ordering::Acquire) {
-                read_batch(up, id, queue, switch, &mut lock());
+                let reads = slot.sender_reads.load(Ordering::Relaxed);
+                let owner_idle = reads == owner_reads_seen;
+                owner_reads_seen = reads;
+                if read_batch(up, id, queue, switch, &mut lock()) > 0 && owner_idle {
+                    slot.owned.store(false, Ordering::Release);
+                }
                 continue;
             }
         }
@@ -118,20 +127,21 @@ fn read_loop<D: UplinkDevice>(
 }
 
 /// Reads up to RX_BATCH frames from the queue and forwards them, then signals the
-/// guests written to.
+/// guests written to; returns how many reads found a frame.
 fn read_batch<D: UplinkDevice>(
     up: &DeviceUplink<D>,
     id: usize,
     queue: usize,
     switch: &Switch,
     st: &mut QueueReader,
-) {
+) -> usize {
     let QueueReader {
         buf,
         ctx,
         held,
         failures,
     } = st;
+    let mut got = 0;
     for _ in 0..RX_BATCH {
         let at = match up.dev.recv(queue, buf) {
             Ok(Some(at)) => at,
@@ -153,9 +163,11 @@ fn read_batch<D: UplinkDevice>(
             }
         };
         *failures = 0;
+        got += 1;
         handle_frame(up, id, queue, &buf[at], switch, ctx, held);
     }
     ctx.flush();
+    got
 }
 
 /// The switch and id to forward with, while the uplink is in the switch.
@@ -184,6 +196,7 @@ impl<D: UplinkDevice> DeviceUplink<D> {
         if st.held.is_empty() && st.failures == 0 {
             // An uplink has no TX queue of its own to poll: its `tx_polls` count these.
             self.stats.tx_polls.fetch_add(1, Ordering::Relaxed);
+            slot.sender_reads.fetch_add(1, Ordering::Relaxed);
             read_batch(self, id, queue, &switch, &mut st);
         }
     }
@@ -211,13 +224,17 @@ impl<D: UplinkDevice> DeviceUplink<D> {
     }
 
     /// The owner found `queue` readable: reads and forwards a batch. False when the
-    /// owner must let go (the uplink left the switch, a read failed, or frames are held
-    /// back: the reader thread deals with those).
+    /// owner must let go (the uplink left the switch, the reader took the queue back,
+    /// a read failed, or frames are held back: the reader thread deals with those).
     pub(super) fn serve_queue(&self, queue: usize) -> bool {
         let (Some((switch, id)), Some(slot)) = (home(self), self.queues.get(queue)) else {
             return false;
         };
+        if !slot.owned.load(Ordering::Acquire) {
+            return false;
+        }
         let mut st = slot.reader.lock().unwrap_or_else(|e| e.into_inner());
+        slot.sender_reads.fetch_add(1, Ordering::Relaxed);
         read_batch(self, id, queue, &switch, &mut st);
         st.held.is_empty() && st.failures == 0
     }
@@ -342,6 +359,15 @@ mod tests {
         }
     }
 
+    /// Owns queue 0, waiting out a reader that is reading it (`own` only tries).
+    fn own_soon(up: &TapUplink) {
+        let end = Instant::now() + Duration::from_secs(2);
+        while !up.own(0) {
+            assert!(Instant::now() < end, "queue 0 could not be owned again");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn wait_for(port: &Seqs, n: usize, within: Duration) -> Vec<u32> {
         let end = Instant::now() + within;
         loop {
@@ -353,10 +379,10 @@ mod tests {
         }
     }
 
-    /// A sender's thread takes a tap queue over (one owner at a time), reads it in
-    /// order when it serves it, and a stalled owner strands nothing: the reader
-    /// thread looks at the queue anyway. Letting go makes room for a new owner; a
-    /// removed uplink makes the owner let go.
+    /// A sender's thread takes a tap queue over (one owner at a time) and reads it in
+    /// order when it serves it; a stalled owner strands nothing: the reader thread
+    /// looks at the queue anyway and takes it back. Letting go makes room for a new
+    /// owner; a removed uplink makes the owner let go.
     #[test]
     fn an_owned_queue_is_served_in_order_and_never_stranded() {
         if !crate::sys::is_root() {
@@ -381,24 +407,43 @@ mod tests {
         assert!(!up.own(0), "a second owner");
         // The reader may still be in its wait on the device: let it see the owner.
         thread::sleep(POLL_WAIT + Duration::from_millis(100));
-        inject(&host, 0..50);
+        // The owner reads what it is woken for. (The reader's look every OWNED_LOOK
+        // may come first and take the queue back: then own it again and retry.)
         let fd = up.queue_fd(0).unwrap();
-        assert!(poll_readable(fd, Duration::from_secs(2)).unwrap());
-        assert!(up.serve(0));
-        let got = wait_for(&port, 50, Duration::from_secs(2));
-        assert_eq!(got, (0..50).collect::<Vec<_>>());
+        let mut sent = 0;
+        let mut served = false;
+        for _ in 0..3 {
+            inject(&host, sent..sent + 50);
+            sent += 50;
+            assert!(poll_readable(fd, Duration::from_secs(2)).unwrap());
+            if up.serve(0) {
+                served = true;
+                break;
+            }
+            own_soon(&up);
+        }
+        assert!(served, "the owner never served its queue");
+        let got = wait_for(&port, sent as usize, Duration::from_secs(2));
+        assert_eq!(got, (0..sent).collect::<Vec<_>>());
 
-        // The owner stalls: the reader's look every OWNED_LOOK delivers, in order.
-        inject(&host, 50..60);
-        let got = wait_for(&port, 60, Duration::from_secs(3));
-        assert_eq!(got, (0..60).collect::<Vec<_>>());
+        // The owner stalls (reads nothing): the reader's looks deliver, in order, and
+        // one that finds frames with no read by the owner since the look before
+        // takes the queue back (a stuck owner strands no one's frames).
+        for _ in 0..2 {
+            inject(&host, sent..sent + 10);
+            sent += 10;
+            let got = wait_for(&port, sent as usize, Duration::from_secs(3));
+            assert_eq!(got, (0..sent).collect::<Vec<_>>());
+        }
+        assert!(!up.serve(0), "the reader took the stalled owner's queue back");
+        up.disown(0);
 
+        own_soon(&up);
         up.disown(0);
-        assert!(up.own(0), "owned again after the owner let go");
-        up.disown(0);
-        inject(&host, 60..70);
-        let got = wait_for(&port, 70, Duration::from_secs(3));
-        assert_eq!(got, (0..70).collect::<Vec<_>>());
+        inject(&host, sent..sent + 10);
+        sent += 10;
+        let got = wait_for(&port, sent as usize, Duration::from_secs(3));
+        assert_eq!(got, (0..sent).collect::<Vec<_>>());
 
         // The uplink leaves the switch: the owner is told to let go.
         assert!(up.own(0));
