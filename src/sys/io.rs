@@ -82,7 +82,10 @@ mod tests {
         assert_eq!(writev(a.as_fd(), &[b"ab", b"", b"cde"]).unwrap(), 5);
         assert!(poll_readable(b.as_fd(), Duration::from_secs(1)).unwrap());
         // b readable, a not: only b's bit
-        assert_eq!(poll_any(&[a.as_fd(), b.as_fd()], Duration::ZERO).unwrap(), 0b10);
+        assert_eq!(
+            poll_any(&[a.as_fd(), b.as_fd()], Duration::ZERO).unwrap(),
+            0b10
+        );
         assert_eq!(read(b.as_fd(), &mut buf).unwrap(), 5);
         assert_eq!(&buf[..5], b"abcde");
     }

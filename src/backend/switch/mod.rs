@@ -719,14 +719,7 @@ impl Switch {
                         sent: 0,
                     });
                 }
-                let out = deliver(
-                    frame,
-                    up.as_ref(),
-                    queue,
-                    &mut ctx.segmenter,
-                    on_full,
-                    skip,
-                );
+                let out = deliver(frame, up.as_ref(), queue, &mut ctx.segmenter, on_full, skip);
                 if out.sent > skip && ctx.reap_uplinks {
                     ctx.pending.uplink_written(up, queue);
                 }

@@ -435,7 +435,10 @@ mod tests {
             let got = wait_for(&port, sent as usize, Duration::from_secs(3));
             assert_eq!(got, (0..sent).collect::<Vec<_>>());
         }
-        assert!(!up.serve(0), "the reader took the stalled owner's queue back");
+        assert!(
+            !up.serve(0),
+            "the reader took the stalled owner's queue back"
+        );
         up.disown(0);
 
         own_soon(&up);

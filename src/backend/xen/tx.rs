@@ -239,7 +239,14 @@ impl Worker {
             let packet = run.packet.map(|plan| {
                 let (first_op, first_run) = (self.ops.len(), self.runs.len());
                 let base = self.buf.as_ptr() as usize;
-                used = place(&plan.frags, self.conn.dom, base, used, &mut self.ops, &mut self.runs);
+                used = place(
+                    &plan.frags,
+                    self.conn.dom,
+                    base,
+                    used,
+                    &mut self.ops,
+                    &mut self.runs,
+                );
                 (plan, first_op..self.ops.len(), first_run..self.runs.len())
             });
             self.batch.push(Pending {
@@ -389,7 +396,11 @@ mod tests {
 
     #[test]
     fn page_sized_slots_after_a_short_first_slot_stay_one_run() {
-        let f = |offset, len| Fragment { gref: 1, offset, len };
+        let f = |offset, len| Fragment {
+            gref: 1,
+            offset,
+            len,
+        };
         let frags = [f(3000, 1096), f(0, 4096), f(0, 100)];
         let (mut ops, mut runs) = (Vec::new(), Vec::new());
         let end = place(&frags, 1, 8192, 0, &mut ops, &mut runs);
