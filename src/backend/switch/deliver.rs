@@ -57,25 +57,20 @@ pub struct Pending {
     pub last_reaped: Option<(Arc<dyn SwitchUplink>, usize)>,
 }
 
+/// Adds (`end`, `queue`) to `list` unless it is there already.
+fn note_once<T: ?Sized>(list: &mut Vec<(Arc<T>, usize)>, end: &Arc<T>, queue: usize) {
+    if !list.iter().any(|(e, q)| Arc::ptr_eq(e, end) && *q == queue) {
+        list.push((end.clone(), queue));
+    }
+}
+
 impl Pending {
     pub fn rx_written(&mut self, port: &Arc<dyn SwitchPort>, queue: usize) {
-        if !self
-            .rx
-            .iter()
-            .any(|(p, q)| Arc::ptr_eq(p, port) && *q == queue)
-        {
-            self.rx.push((port.clone(), queue));
-        }
+        note_once(&mut self.rx, port, queue);
     }
 
     pub fn uplink_written(&mut self, up: &Arc<dyn SwitchUplink>, queue: usize) {
-        if !self
-            .uplinks
-            .iter()
-            .any(|(u, q)| Arc::ptr_eq(u, up) && *q == queue)
-        {
-            self.uplinks.push((up.clone(), queue));
-        }
+        note_once(&mut self.uplinks, up, queue);
     }
 
     /// Signals every guest queue written since the last flush, then reaps the

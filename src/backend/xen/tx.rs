@@ -2,7 +2,9 @@
 //! runs of TX slots into checked packets (netif::parse_tx), grant-copies a batch of
 //! them into a private buffer with one ioctl, answers the slots, and forwards each
 //! packet through the switch as any port's frame. RX notifications wake senders
-//! holding frames for this vif.
+//! holding frames for this vif. It also reads the uplink queue it writes to: at the
+//! end of each batch, and as its owner while the netfront is connected
+//! (`uplink::reader`), so the host's answers to this guest wake no other thread.
 
 use std::ops::Range;
 use std::os::fd::AsFd;
