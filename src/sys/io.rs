@@ -29,20 +29,11 @@ pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
 /// Waits up to `timeout` (whole milliseconds) for `fd` to become readable. Ok(false)
 /// when the time ran out; an interrupted wait is an `Interrupted` error.
 pub fn poll_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `pfd` is one valid pollfd, exclusively borrowed for the call, and we
-    // pass a count of 1.
-    let n = check(unsafe { libc::poll(&mut pfd, 1, ms) })?;
-    Ok(n > 0)
+    poll_any(&[fd], timeout).map(|ready| ready != 0)
 }
 
-/// Waits up to `timeout` for any of `fds` to become readable; returns which are, as a
-/// bit per fd (at most 8 fds).
+/// Waits up to `timeout` for any of `fds` to become readable (or to report an error
+/// or hang-up a read will meet); returns which did, a bit per fd (at most 8 fds).
 pub fn poll_any(fds: &[BorrowedFd<'_>], timeout: Duration) -> io::Result<u8> {
     let mut pfds = [libc::pollfd {
         fd: -1,
@@ -60,7 +51,7 @@ pub fn poll_any(fds: &[BorrowedFd<'_>], timeout: Duration) -> io::Result<u8> {
     Ok(pfds[..n]
         .iter()
         .enumerate()
-        .filter(|(_, p)| p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0)
+        .filter(|(_, p)| p.revents != 0)
         .fold(0, |m, (i, _)| m | 1 << i))
 }
 

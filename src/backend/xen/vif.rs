@@ -218,7 +218,7 @@ impl Conn {
 }
 
 /// The first offset at or after `buf`'s end whose address starts a page.
-pub fn page_aligned(buf: &[u8]) -> usize {
+fn page_aligned(buf: &[u8]) -> usize {
     let end = buf.as_ptr() as usize + buf.len();
     buf.len() + (end.wrapping_neg() & (netif::PAGE - 1))
 }
