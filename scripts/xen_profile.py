@@ -2,20 +2,21 @@
 """Where the nested Xen rig's CPU goes during each iperf3 run: a sampling profile of
 the emulated CPUs, taken from outside (nothing runs in the guests to take it).
 
-    sudo python3 scripts/xen_profile.py [--seconds 15] [--hz 50] [--backend gsonet kernel]
-        [--pin]
+    sudo python3 scripts/xen_profile.py [--seconds 15] [--hz 50]
+        [--backend gsonet kernel-netback] [--pin]
 
 It boots the rig once with the chosen scenarios (guest-tests/xen/scenarios/) and a
 QEMU monitor socket, and while a `measure` of the scenario runs (its XT-MEASURE
 markers on the console) it asks the monitor for every vCPU's registers `--hz` times a
-second. Each sample's RIP goes to a bucket: Xen itself, a function of the guests'
-6.12 kernel or of a module (dom0 and the domUs run the same binary; the symbols are
-dom0's /proc/kallsyms, sent once over the console, gzip + base64), guest user space,
-or a halted vCPU. Prints, per measured run, the share of each bucket and the top
-functions. Samples are of the emulated machine, so they count TCG's cost of each
-guest instruction, which is what the rig's throughput is made of. With `--pin`, dom0
-runs on emulated CPU 0 only and the domU on CPU 1 only, so each CPU's samples are one
-domain's and are shown apart.
+second. Each sample's RIP goes to a bucket: a function of Xen (symbols from the
+hypervisor's debug package, fetched once), of the guests' 6.12 kernel or of a module
+(dom0 and the domUs run the same binary; the symbols are dom0's /proc/kallsyms, sent
+once over the console, gzip + base64), of gsonet (its mappings are sent with each
+run, XT-MAPS), a library gsonet maps, other user space, or a halted vCPU. Prints, per
+measured run, the share of each bucket and the top functions. Samples are of the
+emulated machine, so they count TCG's cost of each guest instruction, which is what
+the rig's throughput is made of. With `--pin`, dom0 runs on emulated CPU 0 only and
+the domU on CPU 1 only, so each CPU's samples are one domain's and are shown apart.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import base64
 import bisect
 import collections
 import gzip
+import json
 import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -40,6 +43,73 @@ from harness.process import connect_unix  # noqa: E402
 XEN_RANGE = (0xFFFF82D040000000, 0xFFFF82D0C0000000)
 USER_TOP = 0x0000800000000000
 REG = re.compile(r"RIP=([0-9a-f]{16}) .*?HLT=(\d)")
+
+
+def xen_symbols() -> tuple[list[int], list[str]]:
+    """Xen's own text symbols, from the hypervisor's debug package (the same version
+    the rig boots), fetched once into the rig's cache with apt-get download; empty
+    when that fails (Xen's samples are then one bucket)."""
+    cache = paths.GUEST_TESTS / ".cache" / "xen" / "dbg"
+    maps = sorted(cache.glob("**/xen-syms-*.map"))
+    if not maps:
+        cache.mkdir(parents=True, exist_ok=True)
+        got = subprocess.run(
+            "apt-get download -q -o APT::Sandbox::User=root xen-hypervisor-4.17-amd64-dbg"
+            " && dpkg-deb -x xen-hypervisor-4.17-amd64-dbg_*.deb .",
+            shell=True, cwd=cache, capture_output=True, text=True)
+        if got.returncode != 0:
+            print(f"no Xen symbols: {got.stderr.strip()[-300:]}", file=sys.stderr)
+        maps = sorted(cache.glob("**/xen-syms-*.map"))
+    syms = []
+    for m in maps[:1]:
+        for line in m.read_text().splitlines():
+            addr, kind, name = (line.split() + ["", ""])[:3]
+            if kind.lower() == "t":
+                syms.append((int(addr, 16), f"xen:{name}"))
+    syms.sort()
+    return [a for a, _ in syms], [n for _, n in syms]
+
+
+def user_symbols(text: str) -> dict[str, list[tuple[int, int, int, str]]]:
+    """Per measured run, gsonet's executable mappings (XT-MAPS lines: run, range,
+    file offset, file) as (start, end, offset, file); samples in them are named by
+    `binary`'s symbols (the gsonet file) or by the library's file name."""
+    maps: dict[str, list[tuple[int, int, int, str]]] = collections.defaultdict(list)
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 5 and parts[0] == "XT-MAPS":
+            lo, hi = (int(x, 16) for x in parts[2].split("-"))
+            maps[parts[1]].append((lo, hi, int(parts[3], 16), parts[4]))
+    return maps
+
+
+def elf_segments(binary: str) -> list[tuple[int, int, int]]:
+    """A binary's LOAD segments as (file offset, size, address): a mapping's file
+    offset is not its symbols' address when the two differ (lld's layout)."""
+    out = subprocess.run(["readelf", "-lW", binary], capture_output=True, text=True).stdout
+    return [(int(f[1], 16), int(f[4], 16), int(f[2], 16))
+            for f in (line.split() for line in out.splitlines()) if f[:1] == ["LOAD"]]
+
+
+def file_to_addr(segments: list[tuple[int, int, int]], off: int) -> int:
+    for start, size, addr in segments:
+        if start <= off < start + size:
+            return off - start + addr
+    return off
+
+
+def elf_symbols(binary: str) -> tuple[list[int], list[str]]:
+    """A binary's function symbols (demangled, hashes dropped), by address."""
+    out = subprocess.run(["nm", "-C", "--defined-only", binary],
+                         capture_output=True, text=True).stdout
+    syms = []
+    for line in out.splitlines():
+        addr, _, rest = line.partition(" ")
+        kind, _, name = rest.partition(" ")
+        if kind.lower() == "t" and addr:
+            syms.append((int(addr, 16), re.sub(r"::h[0-9a-f]{16}$", "", name)))
+    syms.sort()
+    return [a for a, _ in syms], [n for _, n in syms]
 
 
 def kallsyms(text: str) -> tuple[list[int], list[str]]:
@@ -88,6 +158,65 @@ class Monitor:
                 for m in REG.finditer(self.read_prompt())]
 
 
+def report(data: dict, top: int) -> None:
+    """Prints each run's buckets and top functions from saved samples."""
+    console = Path(data["console"]).read_text(errors="replace") if data["console"] else ""
+    addrs, names = kallsyms(console)
+    xen_addrs, xen_names = xen_symbols()
+    maps = user_symbols(console)
+    bin_addrs, bin_names = elf_symbols(data["gsonet_bin"])
+    segments = elf_segments(data["gsonet_bin"])
+
+    def user(rip: int, run_key: str) -> str:
+        for lo, hi, off, path in maps.get(run_key, []):
+            if lo <= rip < hi:
+                if path.endswith("/gsonet"):
+                    at = file_to_addr(segments, rip - lo + off)
+                    i = bisect.bisect_right(bin_addrs, at) - 1
+                    return f"gsonet:{bin_names[i]}" if i >= 0 else "gsonet:?"
+                return f"(user) {path.rsplit('/', 1)[-1]}"
+        return "(user)"
+
+    def where(rip, run_key: str) -> str:
+        if isinstance(rip, str):
+            return rip
+        if XEN_RANGE[0] <= rip < XEN_RANGE[1]:
+            i = bisect.bisect_right(xen_addrs, rip) - 1
+            return xen_names[i] if i >= 0 else "(xen)"
+        if rip < USER_TOP:
+            return user(rip, run_key)
+        i = bisect.bisect_right(addrs, rip) - 1
+        return names[i] if i >= 0 else "(kernel, no symbols)"
+
+    print(f"\nconsole: {data['console'] or '?'}")
+    for key, raw in data["samples"].items():
+        run_key = key.split(" [")[0]
+        c = collections.Counter()
+        for rip, n in raw.items():
+            c[where(rip if rip.startswith("(") else int(rip), run_key)] += n
+        total = sum(c.values())
+        mbps = data["results"].get(run_key)
+        print(f"\n== {key}: {mbps} Mbit/s, {total} vCPU samples")
+        try:
+            gb = float(mbps) * data["seconds"] / 8000
+        except (TypeError, ValueError):
+            gb = 0
+        if run_key in data["jit"] and gb:
+            print("   per GB: " + ", ".join(f"{k} {v / gb:,.0f}"
+                                         for k, v in data["jit"][run_key].items()))
+        groups = collections.Counter()
+        for w, n in c.items():
+            group = "module" if w.endswith("]") else "kernel"
+            if w.startswith("(user)") or w.startswith("gsonet:"):
+                group = "(user)"
+            elif w.startswith("xen:"):
+                group = "(xen)"
+            groups[w if w.startswith("(") and group != "(user)" else group] += n
+        print("   " + ", ".join(f"{g} {100 * n / total:.1f}%" for g, n in groups.most_common()))
+        for w, n in c.most_common(top):
+            print(f"   {100 * n / total:5.1f}%  {w}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=int, default=15, help="iperf3 seconds per run")
@@ -99,7 +228,12 @@ def main() -> int:
                     help="2 adds the domU -> domU runs (two domUs on the netback)")
     ap.add_argument("--pin", action="store_true",
                     help="dom0 on CPU 0, the domUs on CPU 1; profile each CPU apart")
+    ap.add_argument("--replay", metavar="JSON",
+                    help="print the profile of a run saved before (its samples.json)")
     args = ap.parse_args()
+    if args.replay:
+        report(json.loads(Path(args.replay).read_text()), args.top)
+        return 0
     reason = xen.skip_reason()
     if reason:
         sys.exit(f"cannot profile: {reason}")
@@ -161,40 +295,18 @@ def main() -> int:
     if console is not None:
         console.close()
     run = result.get("run")
-    addrs, names = kallsyms(run.console if run else "")
-
-    def where(rip) -> str:
-        if isinstance(rip, str):
-            return rip
-        if XEN_RANGE[0] <= rip < XEN_RANGE[1]:
-            return "(xen)"
-        if rip < USER_TOP:
-            return "(user)"
-        i = bisect.bisect_right(addrs, rip) - 1
-        return names[i] if i >= 0 else "(kernel, no symbols)"
-
-    print(f"\nconsole: {run.log_path if run else '?'}")
-    for key, raw in samples.items():
-        c = collections.Counter()
-        for rip, n in raw.items():
-            c[where(rip)] += n
-        total = sum(c.values())
-        run_key = key.split(" [")[0]
-        mbps = run.results.get(run_key) if run else None
-        print(f"\n== {key}: {mbps} Mbit/s, {total} vCPU samples")
-        try:
-            gb = float(mbps) * args.seconds / 8000
-        except (TypeError, ValueError):
-            gb = 0
-        if run_key in jit and gb:
-            print("   per GB: " + ", ".join(f"{k} {v / gb:,.0f}"
-                                         for k, v in jit[run_key].items()))
-        groups = collections.Counter()
-        for w, n in c.items():
-            groups[w if w.startswith("(") else ("module" if w.endswith("]") else "kernel")] += n
-        print("   " + ", ".join(f"{g} {100 * n / total:.1f}%" for g, n in groups.most_common()))
-        for w, n in c.most_common(args.top):
-            print(f"   {100 * n / total:5.1f}%  {w}")
+    data = {
+        "console": str(run.log_path) if run else "",
+        "results": dict(run.results) if run else {},
+        "jit": jit,
+        "seconds": args.seconds,
+        "gsonet_bin": rig.gsonet_bin,
+        "samples": {k: {str(r): n for r, n in c.items()} for k, c in samples.items()},
+    }
+    saved = Path(tmp) / "samples.json"
+    saved.write_text(json.dumps(data))
+    print(f"\nsamples: {saved} (--replay it to print again)")
+    report(data, args.top)
     return 0
 
 

@@ -116,6 +116,11 @@ measure() {
                 | sed 's/^/XT-KALLSYMS /'
             touch /tmp/xt.ksyms-sent
         fi
+        # and where gsonet's code and its libraries sit, for its user-space samples
+        if [ -n "${GSONET_PID:-}" ] && [ -r "/proc/$GSONET_PID/maps" ]; then
+            awk -v k="$key" '$2 ~ /x/ && $6 != "" {print "XT-MAPS", k, $1, $3, $6}' \
+                "/proc/$GSONET_PID/maps"
+        fi
     fi
     echo "XT-MEASURE start $key"
     a="$(cpu_now)"

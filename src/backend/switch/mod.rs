@@ -11,6 +11,7 @@
 pub mod backpressure;
 pub mod deliver;
 pub mod fdb;
+pub mod stable;
 pub mod vlan;
 
 use std::sync::atomic::Ordering::Relaxed;

@@ -13,10 +13,19 @@ use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::Switch;
 use crate::vnet_hdr::HDR_LEN;
 
+/// Room for one frame read from a device: header, the largest frame, a VLAN tag
+/// put back by an AF_PACKET read.
+pub(super) const FRAME_ROOM: usize = HDR_LEN + 65535 + 64;
+/// Bytes a batch's frames are read into before the batch is flushed: the frames stay
+/// where they were read until then, so a Xen vif keeps their addresses rather than a
+/// copy of them (`switch::stable`).
+pub(super) const ARENA: usize = 1 << 20;
+
 /// What reading one device queue needs between reads. It is held by whoever reads
 /// the queue, so frames read from it are forwarded in the order the device gave them:
 /// the queue's reader thread, or a sender (`reap_queue`, `serve_queue`).
 pub struct QueueReader {
+    /// Where a batch's frames are read, one after another (`ARENA` bytes).
     pub(super) buf: Vec<u8>,
     pub(super) ctx: DeliverCtx,
     pub(super) held: Held,
@@ -26,7 +35,7 @@ pub struct QueueReader {
 impl Default for QueueReader {
     fn default() -> QueueReader {
         QueueReader {
-            buf: vec![0u8; HDR_LEN + 65535 + 64],
+            buf: vec![0u8; ARENA],
             ctx: DeliverCtx::default(),
             held: Held::default(),
             failures: 0,

@@ -13,17 +13,19 @@ use std::time::Duration;
 use tracing::{debug, error, warn};
 
 use super::device::DeviceUplink;
-use super::queue::{Home, QueueReader};
+use super::queue::{Home, QueueReader, FRAME_ROOM};
 use super::UplinkDevice;
 use crate::backend::switch::backpressure::{forward_holding, Held};
 use crate::backend::switch::deliver::DeliverCtx;
-use crate::backend::switch::{Endpoint, Switch};
+use crate::backend::switch::{stable, Endpoint, Switch};
 use crate::frame::Frame;
 use crate::l2::ETH_HDR_LEN;
 use crate::stats::DropReason;
 use crate::sys::io::poll_readable;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
+/// A page of ours.
+const PAGE: usize = 4096;
 /// Frames read from one queue before pending guest signals are flushed.
 const RX_BATCH: usize = 64;
 /// Longest wait for a frame, with nothing held, before the queue is tried anyway.
@@ -141,10 +143,23 @@ fn read_batch<D: UplinkDevice>(
         held,
         failures,
     } = st;
+    // Each frame is read after the one before and stays there until the flush at
+    // the end of the batch (or when the arena is full), so destinations that copy at
+    // the flush may keep its address.
+    let _stable = stable::declare(buf.as_ptr_range());
+    let mut used = 0;
     let mut got = 0;
     for _ in 0..RX_BATCH {
-        let at = match up.dev.recv(queue, buf) {
-            Ok(Some(at)) => at,
+        if buf.len() - used < FRAME_ROOM + PAGE {
+            ctx.flush();
+            used = 0;
+        }
+        // The frame (after its header) starts on a page: a page-sized copy of it
+        // touches one page of ours.
+        let hl = up.dev.hdr_len();
+        let start = used + (PAGE - (buf.as_ptr() as usize + used + hl) % PAGE) % PAGE;
+        let at = match up.dev.recv(queue, &mut buf[start..]) {
+            Ok(Some(at)) => start + at.start..start + at.end,
             Ok(None) => continue,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
             Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
@@ -164,6 +179,7 @@ fn read_batch<D: UplinkDevice>(
         };
         *failures = 0;
         got += 1;
+        used = at.end;
         handle_frame(up, id, queue, &buf[at], switch, ctx, held);
     }
     ctx.flush();

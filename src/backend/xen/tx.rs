@@ -16,7 +16,7 @@ use tracing::warn;
 
 use super::vif::{Conn, VifPort};
 use crate::backend::switch::deliver::DeliverCtx;
-use crate::backend::switch::{Endpoint, Switch, SwitchUplink};
+use crate::backend::switch::{stable, Endpoint, Switch, SwitchUplink};
 use crate::frame::validate::tx_frame;
 use crate::netif::{self, TxParse, TxPlan, TX_RING_SIZE};
 use crate::stats::DropReason;
@@ -296,6 +296,9 @@ impl Worker {
             verdicts.push(verdict);
         }
         self.push_responses();
+        // The batch's bytes stay as they are until the flush below: a vif they go to
+        // keeps their address instead of a copy.
+        let _stable = stable::declare(self.buf.as_ptr_range());
         let caps = self.port.tx_caps();
         let mut parts: Vec<&[u8]> = Vec::with_capacity(netif::NR_SLOTS_MIN);
         for (p, verdict) in batch.iter().zip(verdicts) {

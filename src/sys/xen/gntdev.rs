@@ -67,7 +67,8 @@ pub struct Gntdev {
 }
 
 /// One copy between a guest's granted page and a local buffer: `len` bytes at
-/// `guest_off` in grant `gref` of domain `dom`, and at `local_off` in the buffer.
+/// `guest_off` in grant `gref` of domain `dom`, and at `local_off` in the buffer (an
+/// address, for `copy_out_at`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopyOp {
     pub dom: DomId,
@@ -152,10 +153,12 @@ impl Gntdev {
         self.copy(buf.as_mut_ptr(), buf.len(), ops, true, status)
     }
 
-    /// Copies from `buf` into the guests' grants, all of `ops` in one ioctl.
-    pub fn copy_out(&self, buf: &[u8], ops: &[CopyOp], status: &mut Vec<i16>) -> io::Result<()> {
-        // The kernel only reads from `buf` for copies toward a grant.
-        self.copy(buf.as_ptr().cast_mut(), buf.len(), ops, false, status)
+    /// Copies into the guests' grants, all of `ops` in one ioctl, from bytes named by
+    /// address: each op's `local_off` is the address of its `len` bytes (which may lie
+    /// in several buffers). The kernel only reads there, and fails an op whose
+    /// address is not mapped; which bytes go out is the caller's business.
+    pub fn copy_out_at(&self, ops: &[CopyOp], status: &mut Vec<i16>) -> io::Result<()> {
+        self.copy(std::ptr::null_mut(), usize::MAX, ops, false, status)
     }
 
     fn copy(
@@ -181,7 +184,8 @@ impl Gntdev {
                     "copy out of bounds",
                 ));
             }
-            // The address stays within `buf` (checked above); it is only handed to the kernel.
+            // The address stays within `buf` (checked above; for copy_out_at `buf` is all
+            // of memory); it is only handed to the kernel.
             let local = base.wrapping_add(op.local_off) as u64;
             let remote = foreign(op.gref, op.guest_off, op.dom);
             segs.push(CopySegment {
@@ -201,9 +205,11 @@ impl Gntdev {
             count: segs.len() as u32,
             segments: segs.as_mut_ptr(),
         };
-        // SAFETY: every segment's local address lies within the caller's buffer (checked
-        // above), borrowed mutably (copy_in) or shared for reads only (copy_out) for the
-        // whole call; the segment array lives across the call.
+        // SAFETY: for copies into our memory (copy_in), every segment's local address
+        // lies within the caller's buffer (checked above), borrowed mutably for the
+        // whole call. Copies toward a grant only read local memory (gntdev pins the
+        // pages and fails a segment whose address is not mapped), so no address can
+        // make the kernel write to us. The segment array lives across the call.
         check(unsafe {
             libc::ioctl(
                 self.file.as_raw_fd(),
