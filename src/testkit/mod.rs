@@ -41,6 +41,7 @@ pub mod fuzz_switch;
 pub mod fuzz_vlan;
 pub mod gro;
 pub mod oracle;
+pub mod recorder;
 
 /// `fuzz/corpus/<target>` in the source tree.
 pub fn corpus_dir(target: &str) -> std::path::PathBuf {

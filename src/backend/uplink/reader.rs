@@ -302,15 +302,11 @@ fn handle_frame<D: UplinkDevice>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::switch::deliver::Destination;
     use crate::backend::switch::{SwitchPort, SwitchUplink};
     use crate::backend::uplink::device::TapUplink;
     use crate::backend::uplink::packet::PacketSocket;
     use crate::config::UplinkConfig;
-    use crate::features::Caps;
-    use crate::l2::Vid;
-    use crate::stats::Counters;
-    use std::sync::Mutex;
+    use crate::testkit::recorder::Recorder;
     use std::time::Instant;
 
     #[test]
@@ -320,44 +316,13 @@ mod tests {
         assert_eq!(backoff(40), MAX_BACKOFF);
     }
 
-    /// A guest port that records the sequence number of each frame it gets.
-    #[derive(Default)]
-    struct Seqs {
-        got: Mutex<Vec<u32>>,
-        stats: Counters,
-    }
-
-    impl Destination for Seqs {
-        fn caps(&self) -> Caps {
-            Caps::ALL
-        }
-        fn max_burst(&self) -> Option<usize> {
-            None
-        }
-        fn send(&self, _: usize, _: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
-            let f = parts.concat();
-            if f.len() >= 20 && f[12..14] == [0x88, 0xb5] {
-                let seq = u32::from_be_bytes([f[16], f[17], f[18], f[19]]);
-                self.got.lock().unwrap().push(seq);
-            }
-            Ok(())
-        }
-        fn stats(&self) -> &Counters {
-            &self.stats
-        }
-    }
-
-    impl SwitchPort for Seqs {
-        fn vlan(&self) -> Option<Vid> {
-            None
-        }
-        fn is_connected(&self) -> bool {
-            true
-        }
-        fn rx_caps(&self) -> Option<Caps> {
-            Some(Caps::ALL)
-        }
-        fn signal_rx(&self, _: usize) {}
+    /// The sequence numbers of the test's frames `port` got, in order.
+    fn seqs(port: &Recorder) -> Vec<u32> {
+        port.frames()
+            .iter()
+            .filter(|f| f.len() >= 20 && f[12..14] == [0x88, 0xb5])
+            .map(|f| u32::from_be_bytes([f[16], f[17], f[18], f[19]]))
+            .collect()
     }
 
     /// Broadcast frames `seqs` into the tap from the host's side (they come out of
@@ -384,10 +349,10 @@ mod tests {
         }
     }
 
-    fn wait_for(port: &Seqs, n: usize, within: Duration) -> Vec<u32> {
+    fn wait_for(port: &Recorder, n: usize, within: Duration) -> Vec<u32> {
         let end = Instant::now() + within;
         loop {
-            let got = port.got.lock().unwrap().clone();
+            let got = seqs(port);
             if got.len() >= n || Instant::now() > end {
                 return got;
             }
@@ -409,7 +374,7 @@ mod tests {
         let cfg = UplinkConfig::parse(&format!("tap={name},persist=off")).unwrap();
         let up = Arc::new(TapUplink::open(&cfg, &name).expect("tap"));
         let host = PacketSocket::open(&name, 1, false).expect("AF_PACKET on the tap");
-        let port = Arc::new(Seqs::default());
+        let port = Arc::new(Recorder::default());
         let switch = Arc::new(Switch::new(
             vec![port.clone() as Arc<dyn SwitchPort>],
             vec![up.clone() as Arc<dyn SwitchUplink>],
