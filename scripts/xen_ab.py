@@ -2,9 +2,13 @@
 """A/B of gsonet builds as Xen netbacks, in ONE boot of the nested Xen rig: the
 variants take turns serving a fresh domU (XT rounds of each), iperf3 both ways.
 
-    python3 scripts/xen_ab.py NAME=BINARY[:VAR=VALUE...] ... [--rounds 2] [--seconds 5]
+    python3 scripts/xen_ab.py NAME=BINARY[:VAR=VALUE...] ... [kernel] [--rounds 2]
+        [--seconds 5]
 
-A variant may set environment variables for its gsonet (NAME=BINARY:VAR=1).
+A variant may set environment variables for its gsonet (NAME=BINARY:VAR=1). The
+variant `kernel` is Linux's xen-netback with the domU's vif on a bridge holding dom0's
+address, taking its turns like the others: the ratio to it is measured round by
+round in one boot, not once.
 
 Prints Mbit/s per round and the mean ratio of each variant to the first, with dom0's
 CPU seconds and context switches per GB (results/guest-logs/ keeps the console).
@@ -27,12 +31,15 @@ PATHS = ("dom0_to_domu", "domu_to_dom0")
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("variants", nargs="+",
-                    help="NAME=BINARY[:VAR=VALUE...], the first is the base")
+                    help="NAME=BINARY[:VAR=VALUE...] or kernel; the first is the base")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=int, default=5, help="iperf3 seconds per run")
     args = ap.parse_args()
     variants = []
     for v in args.variants:
+        if v == "kernel":
+            variants.append((v, None, []))
+            continue
         name, sep, rest = v.partition("=")
         path, *env = rest.split(":")
         if (not sep or not name.isidentifier() or not Path(path).is_file()
@@ -49,10 +56,15 @@ def main() -> int:
                           XT_SECONDS=args.seconds)
     files: dict[str, bytes | str] = {}
     for n, p, env in variants:
+        if p is None:
+            continue
         # /xt/gsonet-N starts the build with its environment (exec: the same pid)
         files[f"gsonet-{n}.bin"] = Path(p).read_bytes()
         files[f"gsonet-{n}"] = f"#!/bin/sh\nexec env {' '.join(env)} /xt/gsonet-{n}.bin \"$@\"\n"
-    run = xen.XenRig("ab", script, gsonet_bin=variants[0][1], files=files,
+    builds = [p for _, p, _ in variants if p is not None]
+    if not builds:
+        ap.error("at least one gsonet build (NAME=BINARY)")
+    run = xen.XenRig("ab", script, gsonet_bin=builds[0], files=files,
                      timeout=600 + 200 * args.rounds * len(variants)).run()
 
     def num(key: str) -> float | None:

@@ -1,7 +1,8 @@
 # A/B of gsonet builds in one boot: for each round, for each variant V of XT_VARIANTS
 # (binaries /xt/gsonet-V), gsonet V serves a fresh domU (tap 10.99.0.1, as gsonet.sh)
-# and iperf3 runs both ways. Variants alternate, so the rig's drift from one minute
-# to the next falls on each alike.
+# and iperf3 runs both ways; the variant `kernel` is xen-netback with the domU's vif
+# on a bridge with 10.99.0.1 (as kernel-netback.sh). Variants alternate, so the rig's
+# drift from one minute to the next falls on each alike.
 # Env: XT_VARIANTS (names), XT_ROUNDS (default 2), XT_SECONDS (iperf3, default 5).
 # Results: ab.V.rR.dom0_to_domu_mbps, ab.V.rR.domu_to_dom0_mbps (+ their CPU costs).
 . /xt/lib.sh
@@ -9,10 +10,21 @@ S=${XT_SECONDS:-5}
 ip1=10.99.0.2
 lsmod | grep -q '^xen_netback' && fail "xen-netback is loaded"
 domu_cfg gdomU1 $ip1 00:16:3e:99:00:12 vif-none
+domu_cfg kdomU1 $ip1 00:16:3e:99:00:02 vif-xtbridge
 chmod +x /xt/gsonet-*
 r=1
 while [ $r -le "${XT_ROUNDS:-2}" ]; do
     for v in $XT_VARIANTS; do
+        if [ "$v" = kernel ]; then
+            kernel_netback
+            domu_create kdomU1
+            wait_domu $ip1 300 || fail "kdomU1 does not answer through xen-netback"
+            measure "ab.$v.r$r.dom0_to_domu_mbps" iperf_mbps -c $ip1 -t "$S"
+            measure "ab.$v.r$r.domu_to_dom0_mbps" iperf_mbps -c $ip1 -t "$S" -R
+            teardown
+            lsmod | grep -q '^xen_netback' && fail "xen-netback stays loaded after its turn"
+            continue
+        fi
         cp "/xt/gsonet-$v" /xt/gsonet
         gsonet_start --xen-vif auto --uplink tap=xttap0
         domu_create gdomU1

@@ -110,6 +110,7 @@ fn lay_out(staged: &mut Vec<u8>, runs: &mut Vec<(usize, usize)>, parts: &[&[u8]]
             p.as_ptr() as usize
         } else {
             let off = staged.len();
+            debug_assert!(off + p.len() <= staged.capacity(), "staging would move");
             staged.extend_from_slice(p);
             staged.as_ptr() as usize + off
         };
@@ -386,6 +387,16 @@ impl Destination for VifPort {
             return Err(DropReason::RxQueueFull);
         };
         let mut rx = conn.rx.lock().unwrap_or_else(|e| e.into_inner());
+        // The copy ops hold addresses in `staged`: it must never grow past what it
+        // reserved (small frames, each from its own page, could otherwise get there
+        // before STAGE_MAX bytes are pending).
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if rx.staged.len() + netif::PAGE + len > rx.staged.capacity() {
+            conn.flush(&mut rx, &self.stats);
+            if netif::PAGE + len > rx.staged.capacity() {
+                return Err(DropReason::TooLong);
+            }
+        }
         conn.stage(&mut rx, hdr, parts)?;
         if rx.pending >= STAGE_MAX || rx.resps.len() >= RX_RING_SIZE as usize / 2 {
             conn.flush(&mut rx, &self.stats);
