@@ -158,7 +158,8 @@ fn read_batch<D: UplinkDevice>(
         // touches one page of ours.
         let hl = up.dev.hdr_len();
         let start = used + (PAGE - (buf.as_ptr() as usize + used + hl) % PAGE) % PAGE;
-        let at = match up.dev.recv(queue, &mut buf[start..]) {
+        // At most FRAME_ROOM, as before: a longer frame is still refused as too long.
+        let at = match up.dev.recv(queue, &mut buf[start..start + FRAME_ROOM]) {
             Ok(Some(at)) => start + at.start..start + at.end,
             Ok(None) => continue,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
