@@ -24,6 +24,11 @@ pub const RSP_PROD: usize = 8;
 pub const RSP_EVENT: usize = 12;
 pub const PAGE: usize = 4096;
 
+/// Bytes from address `addr` to the next page boundary (0 on one).
+pub fn to_page(addr: usize) -> usize {
+    addr.wrapping_neg() & (PAGE - 1)
+}
+
 pub const TXF_CSUM_BLANK: u16 = 1 << 0;
 pub const TXF_DATA_VALIDATED: u16 = 1 << 1;
 pub const TXF_MORE_DATA: u16 = 1 << 2;

@@ -20,12 +20,11 @@ use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::{stable, Endpoint, Switch};
 use crate::frame::Frame;
 use crate::l2::ETH_HDR_LEN;
+use crate::netif;
 use crate::stats::DropReason;
 use crate::sys::io::poll_readable;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
-/// A page of ours.
-const PAGE: usize = 4096;
 /// Frames read from one queue before pending guest signals are flushed.
 const RX_BATCH: usize = 64;
 /// Longest wait for a frame, with nothing held, before the queue is tried anyway.
@@ -150,14 +149,14 @@ fn read_batch<D: UplinkDevice>(
     let mut used = 0;
     let mut got = 0;
     for _ in 0..RX_BATCH {
-        if buf.len() - used < FRAME_ROOM + PAGE {
+        if buf.len() - used < FRAME_ROOM + netif::PAGE {
             ctx.flush();
             used = 0;
         }
         // The frame (after its header) starts on a page: a page-sized copy of it
         // touches one page of ours.
         let hl = up.dev.hdr_len();
-        let start = used + (PAGE - (buf.as_ptr() as usize + used + hl) % PAGE) % PAGE;
+        let start = used + netif::to_page(buf.as_ptr() as usize + used + hl);
         // At most FRAME_ROOM, as before: a longer frame is still refused as too long.
         let at = match up.dev.recv(queue, &mut buf[start..start + FRAME_ROOM]) {
             Ok(Some(at)) => start + at.start..start + at.end,

@@ -219,12 +219,13 @@ impl Conn {
         rx.clear();
     }
 
-    /// Stages one frame for the netfront.
+    /// Stages one frame (`len` bytes in `parts`) for the netfront.
     fn stage(
         &self,
         rx: &mut RxSide,
         hdr: &VirtioNetHdr,
         parts: &[&[u8]],
+        len: usize,
     ) -> Result<(), DropReason> {
         if rx.closed {
             return Err(DropReason::RxQueueFull);
@@ -232,7 +233,6 @@ impl Conn {
         if rx.broken {
             return Err(DropReason::XenRingBroken);
         }
-        let len: usize = parts.iter().map(|p| p.len()).sum();
         let gso = if hdr.gso.is_gso() {
             // `deliver` passes only what rx_caps accepts: TCP GSO.
             Some((
@@ -313,8 +313,7 @@ impl Conn {
 
 /// The first offset at or after `buf`'s end whose address starts a page.
 fn page_aligned(buf: &[u8]) -> usize {
-    let end = buf.as_ptr() as usize + buf.len();
-    buf.len() + (end.wrapping_neg() & (netif::PAGE - 1))
+    buf.len() + netif::to_page(buf.as_ptr() as usize + buf.len())
 }
 
 /// One vif's port in the switch.
@@ -397,7 +396,7 @@ impl Destination for VifPort {
                 return Err(DropReason::TooLong);
             }
         }
-        conn.stage(&mut rx, hdr, parts)?;
+        conn.stage(&mut rx, hdr, parts, len)?;
         if rx.pending >= STAGE_MAX || rx.resps.len() >= RX_RING_SIZE as usize / 2 {
             conn.flush(&mut rx, &self.stats);
         }
