@@ -628,15 +628,19 @@ pub struct XenVifConfig {
     pub tso: bool,
     /// Take and hand partial checksums (off: every checksum completed in gsonet).
     pub csum: bool,
+    /// Write a TX batch's frames to a tap with one io_uring submission, not a writev
+    /// each (where io_uring is available).
+    pub uring: bool,
 }
 
 /// Most vifs `--xen-vif auto` serves at once, unless `max=` says otherwise.
 pub const XEN_AUTO_MAX: usize = 8;
 
 impl XenVifConfig {
-    pub const KEYS: &'static str = "domid (or auto), devid, max (auto only), mac, tso, csum";
+    pub const KEYS: &'static str = "domid (or auto), devid, max (auto only), mac, tso, csum, uring";
 
-    /// Parses `domid=D[,devid=N][,mac=MAC][,tso=on|off][,csum=on|off]` or `auto[,max=N]`.
+    /// Parses `domid=D[,devid=N][,mac=MAC][,tso=on|off][,csum=on|off][,uring=on|off]`
+    /// or `auto[,max=N]` with the same switches.
     pub fn parse(s: &str) -> Result<XenVifConfig, ConfigError> {
         Self::from_pairs(pairs(s))
     }
@@ -649,6 +653,7 @@ impl XenVifConfig {
             mac: None,
             tso: true,
             csum: true,
+            uring: true,
         };
         for (k, v) in kv {
             match k.as_str() {
@@ -665,6 +670,7 @@ impl XenVifConfig {
                 }
                 "tso" => c.tso = on_off(W, &k, &v)?,
                 "csum" => c.csum = on_off(W, &k, &v)?,
+                "uring" => c.uring = on_off(W, &k, &v)?,
                 _ => {
                     return Err(ConfigError::UnknownKey {
                         what: W,
@@ -685,7 +691,12 @@ impl XenVifConfig {
             }
             (true, None) => {
                 if devid.is_some() || c.mac.is_some() {
-                    return Err(bad(W, "auto", "", "auto takes max=, tso= and csum= only"));
+                    return Err(bad(
+                        W,
+                        "auto",
+                        "",
+                        "auto takes max=, tso=, csum= and uring= only",
+                    ));
                 }
                 XenVifTarget::Auto {
                     max: max.unwrap_or(XEN_AUTO_MAX),
@@ -1297,6 +1308,8 @@ mod tests {
         );
         // csum=off takes TSO with it.
         assert!(!XenVifConfig::parse("domid=1,csum=off").unwrap().tso);
+        assert!(one.uring, "batched tap writes are the default");
+        assert!(!XenVifConfig::parse("auto,uring=off").unwrap().uring);
         for bad in [
             "",
             "devid=1",
@@ -1307,6 +1320,7 @@ mod tests {
             "domid=1,mac=01:00:5e:00:00:01",
             "domid=1,color=red",
             "auto,max=0",
+            "domid=1,uring=maybe",
         ] {
             assert!(XenVifConfig::parse(bad).is_err(), "{bad:?} accepted");
         }

@@ -180,6 +180,17 @@ impl DropReason {
     pub fn from_name(name: &str) -> Option<DropReason> {
         DropReason::ALL.iter().copied().find(|r| r.name() == name)
     }
+
+    /// Why an uplink device refused a frame written to it.
+    pub fn of_uplink_write(e: &std::io::Error) -> DropReason {
+        match e.raw_os_error() {
+            Some(libc::EINVAL) => DropReason::UplinkRejected,
+            Some(libc::EAGAIN) | Some(libc::ENOBUFS) => DropReason::UplinkBusy,
+            Some(libc::EMSGSIZE) => DropReason::UplinkTooBig,
+            Some(libc::ENETDOWN) | Some(libc::ENXIO) => DropReason::UplinkDown,
+            _ => DropReason::UplinkError,
+        }
+    }
 }
 
 impl fmt::Display for DropReason {
@@ -202,6 +213,17 @@ mod tests {
             assert!(!r.meaning().is_empty(), "{r}");
             assert_eq!(DropReason::from_name(r.name()), Some(*r));
         }
+    }
+
+    #[test]
+    fn uplink_write_errors_have_reasons() {
+        let r = |n| DropReason::of_uplink_write(&std::io::Error::from_raw_os_error(n));
+        assert_eq!(r(libc::EINVAL), DropReason::UplinkRejected);
+        assert_eq!(r(libc::ENOBUFS), DropReason::UplinkBusy);
+        assert_eq!(r(libc::EAGAIN), DropReason::UplinkBusy);
+        assert_eq!(r(libc::EMSGSIZE), DropReason::UplinkTooBig);
+        assert_eq!(r(libc::ENXIO), DropReason::UplinkDown);
+        assert_eq!(r(libc::EIO), DropReason::UplinkError);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! tap queues (`tun`), AF_PACKET sockets (`packet`), interfaces (`netdev`), fds (`io`, `scm`,
 //! and `fd` for what a descriptor from another process is), Unix listening sockets
 //! (`sock`), socket peers and groups (`cred`), epoll timers (`timer`), readiness for
-//! systemd (`notify`), sockets systemd passed us (`activation`).
+//! systemd (`notify`), sockets systemd passed us (`activation`), batches of writes in
+//! one call (`uring`).
 
 // The one room allowed to call into libc; every block states its invariant.
 #![allow(unsafe_code)]
@@ -18,6 +19,7 @@ pub mod scm;
 pub mod sock;
 pub mod timer;
 pub mod tun;
+pub mod uring;
 pub mod xen;
 
 use std::io::Error;

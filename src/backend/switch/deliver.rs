@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::write_batch::WriteBatch;
 use super::{SwitchPort, SwitchUplink};
 use crate::features::Caps;
 use crate::frame::Frame;
@@ -151,6 +152,8 @@ pub struct DeliverCtx {
     /// The sender reads the uplink queues it wrote to at the end of its batch
     /// (`SwitchUplink::reap`), taking the host's answers without waking a reader.
     pub reap_uplinks: bool,
+    /// Tap writes of stable frames put off to the flush, to go in one system call.
+    pub writes: Option<WriteBatch>,
     /// The longest hold a destination asked for since the last `take_hold`.
     hold: Option<Duration>,
     /// The time read once per batch for the FDB (a clock read is a system call where
@@ -167,6 +170,10 @@ impl DeliverCtx {
         for mut g in gro.queues.drain(..) {
             g.co.flush(|m| send_merged(&g.port, g.queue, m, pending));
             gro.spare.push(g.co);
+        }
+        // Before the reap: the host answers what it was written.
+        if let Some(w) = self.writes.as_mut() {
+            w.submit();
         }
         self.pending.flush();
         self.batch_now = None;
@@ -199,6 +206,13 @@ impl DeliverCtx {
             reap_uplinks: true,
             ..DeliverCtx::default()
         }
+    }
+
+    /// Puts off this sender's tap writes of stable frames to its flush (see
+    /// `write_batch`); an error where io_uring is unavailable, and writes go at once.
+    pub fn batch_writes(&mut self) -> std::io::Result<()> {
+        self.writes = Some(WriteBatch::new()?);
+        Ok(())
     }
 
     /// How long the sender should wait for the destinations it went over the rate

@@ -13,6 +13,7 @@ pub mod deliver;
 pub mod fdb;
 pub mod stable;
 pub mod vlan;
+pub mod write_batch;
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -27,6 +28,7 @@ use crate::features::Caps;
 use crate::frame::Frame;
 use crate::l2::{Domain, Mac, Tag, Vid, VlanSet};
 use crate::stats::{Counters, DropReason};
+use crate::vnet_hdr::VirtioNetHdr;
 use backpressure::RxRoom;
 use deliver::{deliver, DeliverCtx, Destination, OnFull, Outcome};
 use fdb::{Fdb, Learned, UPLINK_MAC_LIMIT};
@@ -90,6 +92,12 @@ pub trait SwitchUplink: Destination + Send + Sync {
         false
     }
     fn queue_fd(&self, _queue: usize) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+    /// The header to write before a frame sent with `hdr` when a sender batches its
+    /// writes here: one writev of header and frame to `queue_fd` (`write_batch`).
+    /// None: it takes frames only one at a time, through `send`.
+    fn batched_header(&self, _hdr: &VirtioNetHdr) -> Option<write_batch::WireHdr> {
         None
     }
     /// Reads and forwards what the owned queue holds; false: let go of it now.
@@ -720,7 +728,23 @@ impl Switch {
                         sent: 0,
                     });
                 }
-                let out = deliver(frame, up.as_ref(), queue, &mut ctx.segmenter, on_full, skip);
+                let put_off = skip == 0
+                    && ctx
+                        .writes
+                        .as_mut()
+                        .is_some_and(|w| w.put_off(up, queue, frame));
+                let out = if put_off {
+                    Outcome {
+                        path: deliver::Path::Intact,
+                        sent: 1,
+                    }
+                } else {
+                    // A write made now must not overtake those put off.
+                    if let Some(w) = ctx.writes.as_mut() {
+                        w.submit();
+                    }
+                    deliver(frame, up.as_ref(), queue, &mut ctx.segmenter, on_full, skip)
+                };
                 if out.sent > skip && ctx.reap_uplinks {
                     ctx.pending.uplink_written(up, queue);
                 }

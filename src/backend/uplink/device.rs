@@ -15,6 +15,7 @@ use super::tap::{Tap, TapError, TapOptions};
 use super::{Uplink, UplinkDevice};
 use crate::backend::ratelimit::ByteRate;
 use crate::backend::switch::deliver::Destination;
+use crate::backend::switch::write_batch::WireHdr;
 use crate::backend::switch::SwitchUplink;
 use crate::config::{GsoMode, RateLimit, UplinkConfig};
 use crate::features::Caps;
@@ -110,6 +111,16 @@ impl<D: UplinkDevice> DeviceUplink<D> {
         true
     }
 
+    /// The header the device takes in front of a frame sent with `hdr`.
+    fn wire_hdr(&self, hdr: &VirtioNetHdr) -> WireHdr {
+        let mut h = *hdr;
+        h.num_buffers = 0;
+        WireHdr {
+            bytes: h.to_bytes(),
+            len: self.dev.hdr_len(),
+        }
+    }
+
     fn cfg(&self) -> UplinkConfig {
         self.cfg.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -145,31 +156,18 @@ impl<D: UplinkDevice> Destination for DeviceUplink<D> {
     }
 
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
-        let mut h = *hdr;
-        h.num_buffers = 0;
-        let hb = h.to_bytes();
+        let wire = self.wire_hdr(hdr);
         let mut iov: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
-        iov.push(&hb[..self.dev.hdr_len()]);
+        iov.push(&wire.bytes[..wire.len]);
         iov.extend_from_slice(parts);
         match self.dev.send(queue, &iov) {
             Ok(_) => Ok(()),
-            Err(e) => Err(send_error(&e)),
+            Err(e) => Err(DropReason::of_uplink_write(&e)),
         }
     }
 
     fn stats(&self) -> &Counters {
         &self.stats
-    }
-}
-
-/// The drop reason for a failed device write.
-fn send_error(e: &io::Error) -> DropReason {
-    match e.raw_os_error() {
-        Some(libc::EINVAL) => DropReason::UplinkRejected,
-        Some(libc::EAGAIN) | Some(libc::ENOBUFS) => DropReason::UplinkBusy,
-        Some(libc::EMSGSIZE) => DropReason::UplinkTooBig,
-        Some(libc::ENETDOWN) | Some(libc::ENXIO) => DropReason::UplinkDown,
-        _ => DropReason::UplinkError,
     }
 }
 
@@ -180,6 +178,10 @@ impl<D: UplinkDevice> SwitchUplink for DeviceUplink<D> {
 
     fn set_rx_offload(&self, caps: Caps) -> Result<Caps, String> {
         self.dev.set_offload(caps)
+    }
+
+    fn batched_header(&self, hdr: &VirtioNetHdr) -> Option<WireHdr> {
+        self.dev.batchable().then(|| self.wire_hdr(hdr))
     }
 
     fn reap(&self, queue: usize) {
@@ -240,20 +242,5 @@ impl<D: UplinkDevice> Uplink for DeviceUplink<D> {
     fn set_rx_rate(&self, r: Option<RateLimit>) {
         self.cfg.write().unwrap_or_else(|e| e.into_inner()).rx_rate = r;
         *self.rx_rate.write().unwrap_or_else(|e| e.into_inner()) = bucket(r);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn send_errors_have_reasons() {
-        let r = |n| send_error(&io::Error::from_raw_os_error(n));
-        assert_eq!(r(libc::EINVAL), DropReason::UplinkRejected);
-        assert_eq!(r(libc::ENOBUFS), DropReason::UplinkBusy);
-        assert_eq!(r(libc::EAGAIN), DropReason::UplinkBusy);
-        assert_eq!(r(libc::EMSGSIZE), DropReason::UplinkTooBig);
-        assert_eq!(r(libc::EIO), DropReason::UplinkError);
     }
 }

@@ -52,6 +52,11 @@ pub trait UplinkDevice: Send + Sync + 'static {
     fn recv(&self, queue: usize, buf: &mut [u8]) -> io::Result<Option<std::ops::Range<usize>>>;
     /// Writes one frame (header first) with a single writev (`sys::io::writev`).
     fn send(&self, queue: usize, iov: &[&[u8]]) -> io::Result<usize>;
+    /// Whether a plain writev of header and frame to `fd(queue)` is all `send` does,
+    /// so a sender may batch such writes (`switch::write_batch`).
+    fn batchable(&self) -> bool {
+        false
+    }
     /// Tells the device which offloads the guests behind it accept.
     fn set_offload(&self, caps: Caps) -> Result<Caps, String>;
     /// The device is being removed for good (`gsonet ctl uplink del`, a reload): a

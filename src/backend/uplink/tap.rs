@@ -311,6 +311,10 @@ impl UplinkDevice for Tap {
         self.write(queue, iov)
     }
 
+    fn batchable(&self) -> bool {
+        true
+    }
+
     fn set_offload(&self, caps: Caps) -> Result<Caps, String> {
         Tap::set_offload(self, caps).map_err(|e| e.to_string())
     }
