@@ -16,7 +16,7 @@ use super::deliver::{choose, rx_header, Path};
 use super::{stable, SwitchUplink};
 use crate::frame::Frame;
 use crate::stats::DropReason;
-use crate::sys::uring::{Part, Write, WriteRing};
+use crate::sys::uring::{Part, Ring, Write};
 use crate::vnet_hdr::HDR_LEN;
 
 /// Writes submitted together at most; a fuller batch submits early.
@@ -42,7 +42,7 @@ struct Waiting {
 
 /// The writes one sending thread has put off since its last flush.
 pub struct WriteBatch {
-    ring: WriteRing,
+    ring: Ring,
     waiting: Vec<Waiting>,
     /// Header, then frame parts, of each waiting write (its `parts` range); the
     /// header part's address is filled in at submission.
@@ -53,7 +53,7 @@ pub struct WriteBatch {
 impl WriteBatch {
     pub fn new() -> std::io::Result<WriteBatch> {
         Ok(WriteBatch {
-            ring: WriteRing::new(WRITE_BATCH as u32)?,
+            ring: Ring::new(WRITE_BATCH as u32, true)?,
             waiting: Vec::with_capacity(WRITE_BATCH),
             parts: Vec::new(),
             results: Vec::with_capacity(WRITE_BATCH),

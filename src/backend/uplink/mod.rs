@@ -52,8 +52,9 @@ pub trait UplinkDevice: Send + Sync + 'static {
     fn recv(&self, queue: usize, buf: &mut [u8]) -> io::Result<Option<std::ops::Range<usize>>>;
     /// Writes one frame (header first) with a single writev (`sys::io::writev`).
     fn send(&self, queue: usize, iov: &[&[u8]]) -> io::Result<usize>;
-    /// Whether a plain writev of header and frame to `fd(queue)` is all `send` does,
-    /// so a sender may batch such writes (`switch::write_batch`).
+    /// Whether `send` is a plain writev of header and frame to `fd(queue)` and
+    /// `recv` a plain read from it, so writes and reads may be batched
+    /// (`switch::write_batch`, the reader's batched reads).
     fn batchable(&self) -> bool {
         false
     }

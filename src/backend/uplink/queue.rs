@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, Weak};
 use crate::backend::switch::backpressure::Held;
 use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::Switch;
+use crate::sys::uring::Ring;
 use crate::vnet_hdr::HDR_LEN;
 
 /// Room for one frame read from a device: header, the largest frame, a VLAN tag
@@ -30,6 +31,21 @@ pub struct QueueReader {
     pub(super) ctx: DeliverCtx,
     pub(super) held: Held,
     pub(super) failures: u32,
+    /// Several reads in one system call, for a device whose reads are plain reads.
+    pub(super) reads: BatchedReads,
+}
+
+/// Whether the queue's reads go several to a system call (`sys::uring`).
+pub enum BatchedReads {
+    /// Not tried yet: the first read batch sets it up.
+    Untried,
+    On {
+        ring: Ring,
+        results: Vec<io::Result<usize>>,
+    },
+    /// The device reads one frame per call (AF_PACKET), io_uring is unavailable, or
+    /// the device cannot be read through it without waiting.
+    Off,
 }
 
 impl Default for QueueReader {
@@ -39,6 +55,7 @@ impl Default for QueueReader {
             ctx: DeliverCtx::default(),
             held: Held::default(),
             failures: 0,
+            reads: BatchedReads::Untried,
         }
     }
 }

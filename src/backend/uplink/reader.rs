@@ -5,6 +5,7 @@
 //! reader thread standing by (`own_queue`, `serve_queue`, `disown_queue`).
 
 use std::io;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -13,7 +14,7 @@ use std::time::Duration;
 use tracing::{debug, error, warn};
 
 use super::device::DeviceUplink;
-use super::queue::{Home, QueueReader, FRAME_ROOM};
+use super::queue::{BatchedReads, Home, QueueReader, FRAME_ROOM};
 use super::UplinkDevice;
 use crate::backend::switch::backpressure::{forward_holding, Held};
 use crate::backend::switch::deliver::DeliverCtx;
@@ -23,6 +24,7 @@ use crate::l2::ETH_HDR_LEN;
 use crate::netif;
 use crate::stats::DropReason;
 use crate::sys::io::poll_readable;
+use crate::sys::uring::Ring;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
 /// Frames read from one queue before pending guest signals are flushed.
@@ -141,49 +143,142 @@ fn read_batch<D: UplinkDevice>(
         ctx,
         held,
         failures,
+        reads,
     } = st;
+    if matches!(reads, BatchedReads::Untried) {
+        *reads = batched_reads(up);
+    }
     // Each frame is read after the one before and stays there until the flush at
     // the end of the batch (or when the arena is full), so destinations that copy at
     // the flush may keep its address.
     let _stable = stable::declare(buf.as_ptr_range());
+    let hl = up.dev.hdr_len();
     let mut used = 0;
     let mut got = 0;
-    for _ in 0..RX_BATCH {
+    let mut tried = 0;
+    let mut slots: [Range<usize>; READS_AT_ONCE] = std::array::from_fn(|_| 0..0);
+    while tried < RX_BATCH {
         if buf.len() - used < FRAME_ROOM + netif::PAGE {
             ctx.flush();
             used = 0;
         }
-        // The frame (after its header) starts on a page: a page-sized copy of it
-        // touches one page of ours.
-        let hl = up.dev.hdr_len();
-        let start = used + netif::to_page(buf.as_ptr() as usize + used + hl);
-        // At most FRAME_ROOM, as before: a longer frame is still refused as too long.
-        let at = match up.dev.recv(queue, &mut buf[start..start + FRAME_ROOM]) {
-            Ok(Some(at)) => start + at.start..start + at.end,
-            Ok(None) => continue,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
-                up.stats.drop(DropReason::TooLong);
-                continue;
-            }
-            Err(e) => {
-                *failures = failures.saturating_add(1);
-                if *failures == 10 {
-                    warn!(uplink = %up.dev.name(), "reads keep failing ({e}); retrying about once a second");
-                } else {
-                    debug!(uplink = %up.dev.name(), "read: {e}");
-                }
-                up.stats.drop(DropReason::UplinkReadError);
+        // Where the next reads go: each frame (after its header) on a page, so a
+        // page-sized copy of it touches one page of ours; at most FRAME_ROOM each, as
+        // before: a longer frame is still refused as too long.
+        let want = match reads {
+            BatchedReads::On { .. } => READS_AT_ONCE.min(RX_BATCH - tried),
+            _ => 1,
+        };
+        let mut n = 0;
+        let mut from = used;
+        while n < want {
+            let at = from + netif::to_page(buf.as_ptr() as usize + from + hl);
+            if at + FRAME_ROOM > buf.len() {
                 break;
             }
-        };
-        *failures = 0;
-        got += 1;
-        used = at.end;
-        handle_frame(up, id, queue, &buf[at], switch, ctx, held);
+            slots[n] = at..at + FRAME_ROOM;
+            from = at + FRAME_ROOM;
+            n += 1;
+        }
+        let slots = &slots[..n];
+        let mut outcomes: [io::Result<Option<Range<usize>>>; READS_AT_ONCE] =
+            std::array::from_fn(|_| Ok(None));
+        match reads {
+            BatchedReads::On { ring, results } => {
+                let mut bufs = split_slots(buf, slots);
+                ring.read_each(up.dev.fd(queue), &mut bufs, results);
+                if results
+                    .iter()
+                    .any(|r| matches!(r, Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP)))
+                {
+                    debug!(uplink = %up.dev.name(), "reads cannot be batched here");
+                    *reads = BatchedReads::Off;
+                    continue;
+                }
+                for ((o, r), slot) in outcomes.iter_mut().zip(results.drain(..)).zip(slots) {
+                    *o = r.map(|len| Some(slot.start..slot.start + len));
+                }
+            }
+            _ => {
+                let slot = slots[0].clone();
+                outcomes[0] = up
+                    .dev
+                    .recv(queue, &mut buf[slot.clone()])
+                    .map(|r| r.map(|r| slot.start + r.start..slot.start + r.end));
+            }
+        }
+        tried += n;
+        let (mut empty, mut failed) = (false, false);
+        for outcome in outcomes.into_iter().take(n) {
+            let at = match outcome {
+                Ok(Some(at)) => at,
+                Ok(None) => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    empty = true;
+                    continue;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
+                    up.stats.drop(DropReason::TooLong);
+                    continue;
+                }
+                Err(e) => {
+                    *failures = failures.saturating_add(1);
+                    if *failures == 10 {
+                        warn!(uplink = %up.dev.name(), "reads keep failing ({e}); retrying about once a second");
+                    } else {
+                        debug!(uplink = %up.dev.name(), "read: {e}");
+                    }
+                    up.stats.drop(DropReason::UplinkReadError);
+                    failed = true;
+                    continue;
+                }
+            };
+            *failures = 0;
+            got += 1;
+            used = at.end;
+            handle_frame(up, id, queue, &buf[at], switch, ctx, held);
+        }
+        if empty || failed {
+            break;
+        }
     }
     ctx.flush();
     got
+}
+
+/// Reads one system call makes where they are batched.
+const READS_AT_ONCE: usize = 8;
+
+/// Batched reads for a device whose reads are plain reads, where io_uring works.
+fn batched_reads<D: UplinkDevice>(up: &DeviceUplink<D>) -> BatchedReads {
+    if !up.dev.batchable() {
+        return BatchedReads::Off;
+    }
+    match Ring::new(READS_AT_ONCE as u32, false) {
+        Ok(ring) => BatchedReads::On {
+            ring,
+            results: Vec::with_capacity(READS_AT_ONCE),
+        },
+        Err(e) => {
+            debug!(uplink = %up.dev.name(), "no io_uring ({e}): one read per frame");
+            BatchedReads::Off
+        }
+    }
+}
+
+/// The disjoint `slots` (in order) of `buf`, to read into.
+fn split_slots<'a>(buf: &'a mut [u8], slots: &[Range<usize>]) -> Vec<&'a mut [u8]> {
+    let mut out = Vec::with_capacity(slots.len());
+    let mut rest = buf;
+    let mut off = 0;
+    for s in slots {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(s.start - off);
+        let (slot, tail) = tail.split_at_mut(s.len());
+        out.push(slot);
+        rest = tail;
+        off = s.end;
+    }
+    out
 }
 
 /// The switch and id to forward with, while the uplink is in the switch.
@@ -406,6 +501,13 @@ mod tests {
         assert!(served, "the owner never served its queue");
         let got = wait_for(&port, sent as usize, Duration::from_secs(2));
         assert_eq!(got, (0..sent).collect::<Vec<_>>());
+        if crate::sys::uring::Ring::new(1, false).is_ok() {
+            let st = up.queues[0].reader.lock().unwrap();
+            assert!(
+                matches!(st.reads, BatchedReads::On { .. }),
+                "a tap's reads go several to a system call where io_uring works"
+            );
+        }
 
         // The owner stalls (reads nothing): the reader's looks deliver, in order, and
         // one that finds frames with no read by the owner since the look before
