@@ -105,7 +105,7 @@ class XenRun:
                               f"console: {self.log_path}") from None
 
 
-def _needed_libs(binary: str) -> list[str]:
+def needed_libs(binary: str) -> list[str]:
     out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
     libs = []
     for line in out.splitlines():
@@ -174,7 +174,7 @@ class XenRig:
                 raise XenRunError(f"gsonet binary {self.gsonet_bin} missing "
                                   "(cargo build --release)")
             shutil.copy2(self.gsonet_bin, xt / "gsonet")
-            for lib in _needed_libs(self.gsonet_bin):
+            for lib in needed_libs(self.gsonet_bin):
                 dest = tree / lib.lstrip("/")
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(os.path.realpath(lib), dest)
