@@ -3,7 +3,7 @@
 variants take turns serving a fresh domU (XT rounds of each), iperf3 both ways.
 
     python3 scripts/xen_ab.py NAME=BINARY[:VAR=VALUE...] ... [kernel] [--rounds 2]
-        [--seconds 5]
+        [--seconds 5] [--streams N]
 
 A variant may set environment variables for its gsonet (NAME=BINARY:VAR=1). The
 variant `kernel` is Linux's xen-netback with the domU's vif on a bridge holding dom0's
@@ -34,6 +34,7 @@ def main() -> int:
                     help="NAME=BINARY[:VAR=VALUE...] or kernel; the first is the base")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=int, default=5, help="iperf3 seconds per run")
+    ap.add_argument("--streams", type=int, default=1, help="parallel TCP streams (iperf3 -P)")
     args = ap.parse_args()
     variants = []
     for v in args.variants:
@@ -53,7 +54,8 @@ def main() -> int:
     xen.build_rig()
     names = " ".join(n for n, _, _ in variants)
     script = xen.scenario("gsonet-ab", XT_VARIANTS=names, XT_ROUNDS=args.rounds,
-                          XT_SECONDS=args.seconds)
+                          XT_SECONDS=args.seconds,
+                          XT_IPERF_ARGS=f"-P {args.streams}" if args.streams > 1 else "")
     files: dict[str, bytes | str] = {}
     for n, p, env in variants:
         if p is None:
@@ -73,7 +75,8 @@ def main() -> int:
         except (KeyError, ValueError):
             return None
 
-    print(f"\nXen rig A/B, one boot ({run.seconds:.0f} s), iperf3 {args.seconds} s")
+    print(f"\nXen rig A/B, one boot ({run.seconds:.0f} s), iperf3 {args.seconds} s,"
+          f" {args.streams} stream(s)")
     means: dict[tuple[str, str], float] = {}
     for path in PATHS:
         print(f"\n{path}: Mbit/s per round | dom0 CPU s/GB | dom0 ctx switches/GB")

@@ -3,7 +3,8 @@
 # and iperf3 runs both ways; the variant `kernel` is xen-netback with the domU's vif
 # on a bridge with 10.99.0.1 (as kernel-netback.sh). Variants alternate, so the rig's
 # drift from one minute to the next falls on each alike.
-# Env: XT_VARIANTS (names), XT_ROUNDS (default 2), XT_SECONDS (iperf3, default 5).
+# Env: XT_VARIANTS (names), XT_ROUNDS (default 2), XT_SECONDS (iperf3, default 5),
+# XT_IPERF_ARGS (more iperf3 client words, e.g. "-P 4").
 # Results: ab.V.rR.dom0_to_domu_mbps, ab.V.rR.domu_to_dom0_mbps (+ their CPU costs).
 . /xt/lib.sh
 S=${XT_SECONDS:-5}
@@ -19,8 +20,8 @@ while [ $r -le "${XT_ROUNDS:-2}" ]; do
             kernel_netback
             domu_create kdomU1
             wait_domu $ip1 300 || fail "kdomU1 does not answer through xen-netback"
-            measure "ab.$v.r$r.dom0_to_domu_mbps" iperf_mbps -c $ip1 -t "$S"
-            measure "ab.$v.r$r.domu_to_dom0_mbps" iperf_mbps -c $ip1 -t "$S" -R
+            measure "ab.$v.r$r.dom0_to_domu_mbps" iperf_mbps -c $ip1 -t "$S" $XT_IPERF_ARGS
+            measure "ab.$v.r$r.domu_to_dom0_mbps" iperf_mbps -c $ip1 -t "$S" -R $XT_IPERF_ARGS
             teardown
             lsmod | grep -q '^xen_netback' && fail "xen-netback stays loaded after its turn"
             continue
@@ -31,8 +32,8 @@ while [ $r -le "${XT_ROUNDS:-2}" ]; do
         ip addr add 10.99.0.1/24 dev xttap0
         ip link set xttap0 up
         wait_domu $ip1 300 || fail "gdomU1 does not answer through gsonet $v"
-        measure "ab.$v.r$r.dom0_to_domu_mbps" iperf_mbps -c $ip1 -t "$S"
-        measure "ab.$v.r$r.domu_to_dom0_mbps" iperf_mbps -c $ip1 -t "$S" -R
+        measure "ab.$v.r$r.dom0_to_domu_mbps" iperf_mbps -c $ip1 -t "$S" $XT_IPERF_ARGS
+        measure "ab.$v.r$r.domu_to_dom0_mbps" iperf_mbps -c $ip1 -t "$S" -R $XT_IPERF_ARGS
         gsonet_stats "ab.$v.r$r"
         teardown
     done

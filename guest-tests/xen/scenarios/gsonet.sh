@@ -50,9 +50,9 @@ wait_domu $ip1 300 || fail "gdomU1 does not answer through gsonet"
 [ "$NDOM" = 2 ] && { wait_domu $ip2 300 || fail "gdomU2 does not answer through gsonet"; }
 result gsonet.ping "$(ping -c3 -W2 $ip1 >/dev/null && echo ok || echo lost)"
 gsonet_stats start
-measure gsonet.dom0_to_domu_mbps iperf_mbps -c $ip1 -t "$S"
+measure gsonet.dom0_to_domu_mbps iperf_mbps -c $ip1 -t "$S" $XT_IPERF_ARGS
 gsonet_stats after_dom0_to_domu
-measure gsonet.domu_to_dom0_mbps iperf_mbps -c $ip1 -t "$S" -R
+measure gsonet.domu_to_dom0_mbps iperf_mbps -c $ip1 -t "$S" -R $XT_IPERF_ARGS
 gsonet_stats after_domu_to_dom0
 if [ "$MIB" -gt 0 ]; then
     md5_to_domu $ip1 "$MIB" && result gsonet.md5_to_domu ok

@@ -15,8 +15,8 @@ wait_domu 10.99.0.2 300 || fail "kdomU1 does not answer"
 # measure once every domU has booted (a booting TCG guest eats the CPU)
 [ "${XT_DOMUS:-1}" = 2 ] && { wait_domu 10.99.0.3 300 || fail "kdomU2 does not answer"; }
 result kernel.ping "$(ping -c3 -W2 10.99.0.2 >/dev/null && echo ok || echo lost)"
-measure kernel.dom0_to_domu_mbps iperf_mbps -c 10.99.0.2 -t "$S"
-measure kernel.domu_to_dom0_mbps iperf_mbps -c 10.99.0.2 -t "$S" -R
+measure kernel.dom0_to_domu_mbps iperf_mbps -c 10.99.0.2 -t "$S" $XT_IPERF_ARGS
+measure kernel.domu_to_dom0_mbps iperf_mbps -c 10.99.0.2 -t "$S" -R $XT_IPERF_ARGS
 if [ "${XT_DOMUS:-1}" = 2 ]; then
     measure kernel.domu_to_domu_mbps iperf_domu_mbps 10.99.0.2 -c 10.99.0.3 -t "$S"
 fi
