@@ -84,13 +84,9 @@ impl Ring {
             let sqes = chunk.iter().map(|w| {
                 // A tap is a stream: offset -1 means "the current position", i.e. none.
                 let count = u32::try_from(w.parts.len()).unwrap_or(u32::MAX);
-                opcode::Writev::new(
-                    types::Fd(w.fd.as_raw_fd()),
-                    w.parts.as_ptr().cast(),
-                    count,
-                )
-                .offset(u64::MAX)
-                .build()
+                opcode::Writev::new(types::Fd(w.fd.as_raw_fd()), w.parts.as_ptr().cast(), count)
+                    .offset(u64::MAX)
+                    .build()
             });
             // SAFETY: the kernel reads the iovec arrays (`Part` has the layout of
             // struct iovec) and, through them, only bytes the caller named by
@@ -275,13 +271,15 @@ mod tests {
 
     #[test]
     fn reads_take_one_message_each_in_order_and_an_empty_socket_says_would_block() {
-        let Some(mut ring) = ring_or_skip() else { return };
+        let Some(mut ring) = ring_or_skip() else {
+            return;
+        };
         let (rd, wr) = std::os::unix::net::UnixDatagram::pair().unwrap();
         rd.set_nonblocking(true).unwrap();
         for m in [&b"alpha"[..], b"be", b"gamma!"] {
             wr.send(m).unwrap();
         }
-        let mut arena = vec![0u8; 6 * 16];
+        let mut arena = [0u8; 6 * 16];
         let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(16).collect();
         let mut results = Vec::new();
         ring.read_each(rd.as_fd(), &mut bufs, &mut results);

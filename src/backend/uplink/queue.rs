@@ -35,14 +35,17 @@ pub struct QueueReader {
     pub(super) reads: BatchedReads,
 }
 
+/// The ring a queue's batched reads go through, and their results.
+pub struct ReadRing {
+    pub(super) ring: Ring,
+    pub(super) results: Vec<io::Result<usize>>,
+}
+
 /// Whether the queue's reads go several to a system call (`sys::uring`).
 pub enum BatchedReads {
     /// Not tried yet: the first read batch sets it up.
     Untried,
-    On {
-        ring: Ring,
-        results: Vec<io::Result<usize>>,
-    },
+    On(Box<ReadRing>),
     /// The device reads one frame per call (AF_PACKET), io_uring is unavailable, or
     /// the device cannot be read through it without waiting.
     Off,

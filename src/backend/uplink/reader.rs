@@ -14,7 +14,7 @@ use std::time::Duration;
 use tracing::{debug, error, warn};
 
 use super::device::DeviceUplink;
-use super::queue::{BatchedReads, Home, QueueReader, FRAME_ROOM};
+use super::queue::{BatchedReads, Home, QueueReader, ReadRing, FRAME_ROOM};
 use super::UplinkDevice;
 use crate::backend::switch::backpressure::{forward_holding, Held};
 use crate::backend::switch::deliver::DeliverCtx;
@@ -166,7 +166,7 @@ fn read_batch<D: UplinkDevice>(
         // page-sized copy of it touches one page of ours; at most FRAME_ROOM each, as
         // before: a longer frame is still refused as too long.
         let want = match reads {
-            BatchedReads::On { .. } => READS_AT_ONCE.min(RX_BATCH - tried),
+            BatchedReads::On(_) => READS_AT_ONCE.min(RX_BATCH - tried),
             _ => 1,
         };
         let mut n = 0;
@@ -184,7 +184,8 @@ fn read_batch<D: UplinkDevice>(
         let mut outcomes: [io::Result<Option<Range<usize>>>; READS_AT_ONCE] =
             std::array::from_fn(|_| Ok(None));
         match reads {
-            BatchedReads::On { ring, results } => {
+            BatchedReads::On(r) => {
+                let ReadRing { ring, results } = &mut **r;
                 let mut bufs = split_slots(buf, slots);
                 ring.read_each(up.dev.fd(queue), &mut bufs, results);
                 if results
@@ -255,10 +256,10 @@ fn batched_reads<D: UplinkDevice>(up: &DeviceUplink<D>) -> BatchedReads {
         return BatchedReads::Off;
     }
     match Ring::new(READS_AT_ONCE as u32, false) {
-        Ok(ring) => BatchedReads::On {
+        Ok(ring) => BatchedReads::On(Box::new(ReadRing {
             ring,
             results: Vec::with_capacity(READS_AT_ONCE),
-        },
+        })),
         Err(e) => {
             debug!(uplink = %up.dev.name(), "no io_uring ({e}): one read per frame");
             BatchedReads::Off
@@ -504,7 +505,7 @@ mod tests {
         if crate::sys::uring::Ring::new(1, false).is_ok() {
             let st = up.queues[0].reader.lock().unwrap();
             assert!(
-                matches!(st.reads, BatchedReads::On { .. }),
+                matches!(st.reads, BatchedReads::On(_)),
                 "a tap's reads go several to a system call where io_uring works"
             );
         }
