@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::ratelimit::ByteRate;
 use crate::backend::switch::deliver::Destination;
-use crate::backend::switch::{SwitchPort, SwitchUplink};
+use crate::backend::switch::{stable, SwitchPort, SwitchUplink};
 use crate::features::Caps;
 use crate::l2::{Mac, Vid, VlanSet};
 use crate::stats::{Counters, DropReason};
@@ -27,6 +27,9 @@ pub struct Recorder {
     pub rx_rate: Option<ByteRate>,
     /// What it was handed, header and bytes, in order.
     pub sent: Mutex<Vec<(VirtioNetHdr, Vec<u8>)>>,
+    /// For each frame handed over, whether its sender had declared all its bytes
+    /// stable (`switch::stable`).
+    pub stable: Mutex<Vec<bool>>,
     pub stats: Counters,
 }
 
@@ -74,6 +77,10 @@ impl Destination for Recorder {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((*hdr, parts.concat()));
+        self.stable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(parts.iter().all(|p| stable::holds(p)));
         Ok(())
     }
     fn stats(&self) -> &Counters {

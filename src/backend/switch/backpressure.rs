@@ -6,9 +6,11 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::deliver::{DeliverCtx, OnFull, Path};
+use super::stable;
 use super::vlan::ViewBuf;
 use super::{Endpoint, Switch};
 use crate::frame::{Frame, GsoLayout};
@@ -65,16 +67,38 @@ impl StallClock {
 }
 
 /// A generation bumped whenever any guest adds RX buffers: a sender holding frames
-/// retries them when it moved.
+/// retries them when it moved. Senders waiting for that (`RoomWaiter`) are woken.
 #[derive(Default)]
 pub struct RxRoom {
     generation: AtomicU64,
+    waiters: Mutex<Vec<Weak<dyn RoomWaiter>>>,
+}
+
+/// A sender that sleeps while it holds frames and wants to hear of room at once.
+pub trait RoomWaiter: Send + Sync {
+    /// Some guest added RX buffers; called on that guest's thread, so it must not
+    /// block (a doorbell's ring, not a wait).
+    fn room(&self);
 }
 
 impl RxRoom {
-    /// Some guest added RX buffers.
+    /// Some guest added RX buffers: the generation moves and the waiters are woken.
     pub fn added(&self) {
         self.generation.fetch_add(1, Relaxed);
+        let waiters: Vec<Arc<dyn RoomWaiter>> = {
+            let w = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+            w.iter().filter_map(Weak::upgrade).collect()
+        };
+        for w in waiters {
+            w.room();
+        }
+    }
+
+    /// `w` hears of every `added` from now on, until it is dropped.
+    pub fn subscribe(&self, w: Weak<dyn RoomWaiter>) {
+        let mut ws = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        ws.retain(|w| w.strong_count() > 0);
+        ws.push(w);
     }
 
     pub fn generation(&self) -> u64 {
@@ -126,6 +150,10 @@ pub struct Held {
     by_dst: Vec<HeldFor>,
     bytes: usize,
     seen_room: u64,
+    /// Frames the last `retry` delivered, kept until the next one: the sender flushes
+    /// in between, so a destination that copies at the flush (a Xen vif) may keep
+    /// their address rather than copy them a second time (`stable`).
+    spent: Vec<HeldFrame>,
 }
 
 impl Held {
@@ -176,7 +204,11 @@ impl Held {
     /// Re-delivers held frames, oldest first per destination, when some guest added
     /// buffers since the last try; a destination that took none for `RX_STALL` loses
     /// what is held for it. Never waits.
+    ///
+    /// The caller flushes `ctx` before it calls again (the frames delivered stay
+    /// where they are until then).
     pub fn retry(&mut self, switch: &Switch, ctx: &mut DeliverCtx) {
+        self.spent.clear();
         if self.is_empty() {
             return;
         }
@@ -203,6 +235,8 @@ impl Held {
                 if now.duration_since(held.progress) >= RX_STALL {
                     switch.count_drop(dst, DropReason::RxQueueFull);
                 } else if moved {
+                    // Its bytes stay put until after the caller's flush (`spent`).
+                    let _stable = stable::declare(h.bytes.as_ptr_range());
                     let parts = [&h.bytes[..]];
                     let frame = Frame {
                         hdr: h.hdr,
@@ -228,17 +262,20 @@ impl Held {
                 }
                 if let Some(done) = held.frames.pop_front() {
                     self.bytes -= done.bytes.len();
+                    self.spent.push(done);
                 }
             }
         }
     }
 
-    /// How long the sender may sleep: briefly while frames are held, else `idle`.
-    pub fn poll_timeout(&self, idle: Duration) -> Duration {
-        if self.is_empty() {
-            idle
-        } else {
-            Duration::from_millis(1)
+    /// How long the sender may sleep: `idle` with nothing held; while frames are
+    /// held, briefly, or, for a sender woken when room appears (`RoomWaiter`), long
+    /// enough for the stall clock only.
+    pub fn poll_timeout(&self, idle: Duration, woken_by_room: bool) -> Duration {
+        match (self.is_empty(), woken_by_room) {
+            (true, _) => idle,
+            (false, true) => RX_STALL / 10,
+            (false, false) => Duration::from_millis(1),
         }
     }
 }
@@ -306,5 +343,32 @@ mod tests {
         let g = r.generation();
         r.added();
         assert_eq!(r.generation(), g + 1);
+    }
+
+    struct Count(AtomicU64);
+
+    impl RoomWaiter for Count {
+        fn room(&self) {
+            self.0.fetch_add(1, Relaxed);
+        }
+    }
+
+    #[test]
+    fn waiters_hear_of_room_until_dropped() {
+        let r = RxRoom::default();
+        let a = Arc::new(Count(AtomicU64::new(0)));
+        let b = Arc::new(Count(AtomicU64::new(0)));
+        r.subscribe(Arc::downgrade(&a) as Weak<dyn RoomWaiter>);
+        r.subscribe(Arc::downgrade(&b) as Weak<dyn RoomWaiter>);
+        r.added();
+        drop(b);
+        r.added();
+        assert_eq!(a.0.load(Relaxed), 2);
+        r.subscribe(Arc::downgrade(&a) as Weak<dyn RoomWaiter>);
+        assert_eq!(
+            r.waiters.lock().unwrap().len(),
+            2,
+            "the dropped one is gone"
+        );
     }
 }

@@ -1472,4 +1472,35 @@ mod vlan_forwarding {
         );
         assert!(net.ports[P10A].take().is_empty());
     }
+
+    /// A held frame delivered on a retry stays where it is until the sender's next
+    /// retry (after its flush), so the destination may keep its address.
+    #[test]
+    fn held_frames_delivered_on_a_retry_are_stable_for_the_destination() {
+        use super::backpressure::{forward_holding, Held};
+        let net = setup();
+        plain(&net, Endpoint::Port(P10A), &frame(mac(9), mac(1), None));
+        net.up.take();
+        net.ports[P10A].full.store(true, Relaxed);
+        let mut held = Held::default();
+        let mut ctx = DeliverCtx::default();
+        let bytes = frame(mac(1), mac(9), Some(10));
+        let parts = [&bytes[..]];
+        let f = Frame::new(VirtioNetHdr::default(), &parts, None).unwrap();
+        forward_holding(&net.sw, Endpoint::Uplink(0), 0, &f, &mut ctx, &mut held);
+        assert!(!held.is_empty());
+        net.ports[P10A].full.store(false, Relaxed);
+        net.sw.rx_space();
+        held.retry(&net.sw, &mut ctx);
+        assert!(held.is_empty(), "delivered once there is room");
+        assert_eq!(net.ports[P10A].take().len(), 1);
+        assert_eq!(
+            *net.ports[P10A].stable.lock().unwrap(),
+            vec![true],
+            "the held copy was declared stable while it was delivered"
+        );
+        // A frame sent straight from a buffer nobody declared is not.
+        plain(&net, Endpoint::Uplink(0), &bytes);
+        assert_eq!(*net.ports[P10A].stable.lock().unwrap(), vec![true, false]);
+    }
 }

@@ -5,12 +5,12 @@
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use tracing::info;
 
 use super::packet::{PacketError, PacketSocket};
-use super::queue::{Doorbell, Home, QueueSlot};
+use super::queue::{Doorbell, Home, QueueSlot, RoomBell};
 use super::tap::{Tap, TapError, TapOptions};
 use super::{Uplink, UplinkDevice};
 use crate::backend::ratelimit::ByteRate;
@@ -90,6 +90,7 @@ impl<D: UplinkDevice> DeviceUplink<D> {
                     reader: Mutex::default(),
                     owned: AtomicBool::new(false),
                     wake: Doorbell::new().ok(),
+                    room: RoomBell::new().ok().map(Arc::new),
                     sender_reads: AtomicU64::new(0),
                 })
                 .collect(),

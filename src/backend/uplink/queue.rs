@@ -5,10 +5,10 @@
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::backend::switch::backpressure::Held;
+use crate::backend::switch::backpressure::{Held, RoomWaiter};
 use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::Switch;
 use crate::sys::uring::Ring;
@@ -75,6 +75,33 @@ pub struct QueueSlot {
     /// Reads of the queue by senders (reaps, an owner's serves): the reader tells a
     /// busy owner from a stalled one by it.
     pub(super) sender_reads: AtomicU64,
+    /// Rung when a guest adds RX buffers while the reader holds frames.
+    pub(super) room: Option<Arc<RoomBell>>,
+}
+
+/// A reader holding frames for a full guest queue sleeps on this as well as on its
+/// device, and retries as soon as any guest adds RX buffers.
+pub struct RoomBell {
+    /// The reader sleeps holding frames: ring at the next room.
+    pub(super) wanted: AtomicBool,
+    pub(super) bell: Doorbell,
+}
+
+impl RoomBell {
+    pub(super) fn new() -> io::Result<RoomBell> {
+        Ok(RoomBell {
+            wanted: AtomicBool::new(false),
+            bell: Doorbell::new()?,
+        })
+    }
+}
+
+impl RoomWaiter for RoomBell {
+    fn room(&self) {
+        if self.wanted.swap(false, Relaxed) {
+            self.bell.ring();
+        }
+    }
 }
 
 /// A wake-up one thread rings and another polls: a non-blocking socket pair.
@@ -120,6 +147,17 @@ mod tests {
     use super::*;
     use crate::sys::io::poll_readable;
     use std::time::Duration;
+
+    #[test]
+    fn a_room_bell_rings_only_for_a_reader_that_asked() {
+        let r = RoomBell::new().unwrap();
+        r.room();
+        assert!(!poll_readable(r.bell.fd(), Duration::ZERO).unwrap());
+        r.wanted.store(true, Relaxed);
+        r.room();
+        assert!(poll_readable(r.bell.fd(), Duration::ZERO).unwrap());
+        assert!(!r.wanted.load(Relaxed), "one ring per ask");
+    }
 
     #[test]
     fn a_doorbell_wakes_its_poller_until_cleared() {

@@ -7,7 +7,7 @@
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -16,14 +16,14 @@ use tracing::{debug, error, warn};
 use super::device::DeviceUplink;
 use super::queue::{BatchedReads, Home, QueueReader, ReadRing, FRAME_ROOM};
 use super::UplinkDevice;
-use crate::backend::switch::backpressure::{forward_holding, Held};
+use crate::backend::switch::backpressure::{forward_holding, Held, RoomWaiter};
 use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::{stable, Endpoint, Switch};
 use crate::frame::Frame;
 use crate::l2::ETH_HDR_LEN;
 use crate::netif;
 use crate::stats::DropReason;
-use crate::sys::io::poll_readable;
+use crate::sys::io::{poll_any, poll_readable};
 use crate::sys::uring::Ring;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
@@ -56,6 +56,13 @@ pub fn start<D: UplinkDevice>(
         id,
         stop: stop.clone(),
     });
+    for slot in &uplink.queues {
+        if let Some(room) = &slot.room {
+            switch
+                .rx_room()
+                .subscribe(Arc::downgrade(room) as Weak<dyn RoomWaiter>);
+        }
+    }
     let mut readers = Vec::new();
     for q in 0..uplink.dev.queues() {
         let me = uplink.clone();
@@ -110,15 +117,31 @@ fn read_loop<D: UplinkDevice>(
                 continue;
             }
         }
-        let timeout = {
+        let (timeout, holding) = {
             let mut st = lock();
             let QueueReader { ctx, held, .. } = &mut *st;
+            // Asked before the retry: room that appears during it rings too.
+            if let Some(room) = &slot.room {
+                room.wanted.store(!held.is_empty(), Ordering::Relaxed);
+            }
             held.retry(switch, ctx);
             // What GRO took from the retried frames leaves before the wait.
             ctx.flush();
-            held.poll_timeout(POLL_WAIT)
+            (
+                held.poll_timeout(POLL_WAIT, slot.room.is_some()),
+                !held.is_empty(),
+            )
         };
-        match poll_readable(fd, timeout) {
+        let waited = match &slot.room {
+            Some(room) if holding => {
+                room.wanted.store(true, Ordering::Relaxed);
+                let r = poll_any(&[fd, room.bell.fd()], timeout).map(|_| ());
+                room.bell.clear();
+                r
+            }
+            _ => poll_readable(fd, timeout).map(|_| ()),
+        };
+        match waited {
             Err(e) if e.kind() != io::ErrorKind::Interrupted => {
                 error!(uplink = %up.dev.name(), "poll failed: {e}");
                 return;
