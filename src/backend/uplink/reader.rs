@@ -232,7 +232,10 @@ fn read_batch<D: UplinkDevice>(
             }
         }
         tried += n;
-        let (mut empty, mut failed) = (false, false);
+        let mut empty = false;
+        // A device that fails one read fails the ones after it (a deleted tap): one
+        // failure per try, so the back-off sees one, as with single reads.
+        let mut failed = None;
         for outcome in outcomes.into_iter().take(n) {
             let at = match outcome {
                 Ok(Some(at)) => at,
@@ -246,14 +249,7 @@ fn read_batch<D: UplinkDevice>(
                     continue;
                 }
                 Err(e) => {
-                    *failures = failures.saturating_add(1);
-                    if *failures == 10 {
-                        warn!(uplink = %up.dev.name(), "reads keep failing ({e}); retrying about once a second");
-                    } else {
-                        debug!(uplink = %up.dev.name(), "read: {e}");
-                    }
-                    up.stats.drop(DropReason::UplinkReadError);
-                    failed = true;
+                    failed.get_or_insert(e);
                     continue;
                 }
             };
@@ -262,7 +258,17 @@ fn read_batch<D: UplinkDevice>(
             used = at.end;
             handle_frame(up, id, queue, &buf[at], switch, ctx, held);
         }
-        if empty || failed {
+        if let Some(e) = failed {
+            *failures = failures.saturating_add(1);
+            if *failures == 10 {
+                warn!(uplink = %up.dev.name(), "reads keep failing ({e}); retrying about once a second");
+            } else {
+                debug!(uplink = %up.dev.name(), "read: {e}");
+            }
+            up.stats.drop(DropReason::UplinkReadError);
+            break;
+        }
+        if empty {
             break;
         }
     }
