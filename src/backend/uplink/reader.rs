@@ -148,6 +148,11 @@ fn read_loop<D: UplinkDevice>(
             }
             _ => {}
         }
+        // A sender may have taken the queue over while this thread waited on it:
+        // the owner reads it now, and this thread only looks (above).
+        if slot.owned.load(Ordering::Acquire) {
+            continue;
+        }
         read_batch(up, id, queue, switch, &mut lock());
     }
 }
