@@ -1445,11 +1445,11 @@ mod vlan_forwarding {
         );
     }
 
-    #[test]
-    fn frames_held_for_a_removed_port_are_let_go() {
+    /// The guest on P10A is known and its queue full; `n` frames for it from the
+    /// uplink are held. Returns the switch, the sender's state and the frame's bytes.
+    fn held_for_full_port(n: usize) -> (Net, super::backpressure::Held, DeliverCtx, Vec<u8>) {
         use super::backpressure::{forward_holding, Held};
         let net = setup();
-        // The guest on P10A is known, and its queue is full.
         plain(&net, Endpoint::Port(P10A), &frame(mac(9), mac(1), None));
         net.up.take();
         net.ports[P10A].full.store(true, Relaxed);
@@ -1458,10 +1458,16 @@ mod vlan_forwarding {
         let bytes = frame(mac(1), mac(9), Some(10));
         let parts = [&bytes[..]];
         let f = Frame::new(VirtioNetHdr::default(), &parts, None).unwrap();
-        for _ in 0..3 {
+        for _ in 0..n {
             forward_holding(&net.sw, Endpoint::Uplink(0), 0, &f, &mut ctx, &mut held);
         }
         assert!(!held.is_empty(), "frames for a full queue are held");
+        (net, held, ctx, bytes)
+    }
+
+    #[test]
+    fn frames_held_for_a_removed_port_are_let_go() {
+        let (net, mut held, mut ctx, _) = held_for_full_port(3);
         held.retry(&net.sw, &mut ctx);
         assert!(!held.is_empty(), "still held while the port is there");
         net.sw.remove_port(P10A).unwrap();
@@ -1477,18 +1483,7 @@ mod vlan_forwarding {
     /// retry (after its flush), so the destination may keep its address.
     #[test]
     fn held_frames_delivered_on_a_retry_are_stable_for_the_destination() {
-        use super::backpressure::{forward_holding, Held};
-        let net = setup();
-        plain(&net, Endpoint::Port(P10A), &frame(mac(9), mac(1), None));
-        net.up.take();
-        net.ports[P10A].full.store(true, Relaxed);
-        let mut held = Held::default();
-        let mut ctx = DeliverCtx::default();
-        let bytes = frame(mac(1), mac(9), Some(10));
-        let parts = [&bytes[..]];
-        let f = Frame::new(VirtioNetHdr::default(), &parts, None).unwrap();
-        forward_holding(&net.sw, Endpoint::Uplink(0), 0, &f, &mut ctx, &mut held);
-        assert!(!held.is_empty());
+        let (net, mut held, mut ctx, bytes) = held_for_full_port(1);
         net.ports[P10A].full.store(false, Relaxed);
         net.sw.rx_space();
         held.retry(&net.sw, &mut ctx);
