@@ -728,11 +728,16 @@ impl Switch {
                         sent: 0,
                     });
                 }
+                // A write to a tap may wait for the flush (`write_batch`) when the
+                // frame goes intact.
+                let caps = up.caps();
                 let put_off = skip == 0
-                    && ctx
-                        .writes
-                        .as_mut()
-                        .is_some_and(|w| w.put_off(up, queue, frame));
+                    && ctx.writes.is_some()
+                    && deliver::choose(&frame.hdr, caps, up.max_burst().is_some())
+                        == deliver::Path::Intact
+                    && ctx.writes.as_mut().is_some_and(|w| {
+                        w.put_off(up, queue, &deliver::rx_header(&frame.hdr, caps), frame)
+                    });
                 let out = if put_off {
                     Outcome {
                         path: deliver::Path::Intact,

@@ -12,12 +12,11 @@ use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use super::deliver::{choose, rx_header, Path};
 use super::{stable, SwitchUplink};
 use crate::frame::Frame;
 use crate::stats::DropReason;
 use crate::sys::uring::{Part, Ring, Write};
-use crate::vnet_hdr::HDR_LEN;
+use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
 /// Writes submitted together at most; a fuller batch submits early.
 pub const WRITE_BATCH: usize = 32;
@@ -60,18 +59,20 @@ impl WriteBatch {
         })
     }
 
-    /// Puts off `frame`'s write to `up`'s queue `queue` when it may wait (it goes
-    /// intact, its bytes are stable, the uplink takes batched writes); true if so.
-    pub fn put_off(&mut self, up: &Arc<dyn SwitchUplink>, queue: usize, frame: &Frame) -> bool {
-        let caps = up.caps();
-        if choose(&frame.hdr, caps, up.max_burst().is_some()) != Path::Intact
-            || !frame.parts.iter().all(|p| stable::holds(p))
-            || up.queue_fd(queue).is_none()
-        {
+    /// Puts off the write of a frame to `up`'s queue `queue` that goes intact with
+    /// header `hdr` (decided by `deliver`), when it may wait: its bytes are stable and
+    /// the uplink takes batched writes. True if so.
+    pub fn put_off(
+        &mut self,
+        up: &Arc<dyn SwitchUplink>,
+        queue: usize,
+        hdr: &VirtioNetHdr,
+        frame: &Frame,
+    ) -> bool {
+        if !frame.parts.iter().all(|p| stable::holds(p)) || up.queue_fd(queue).is_none() {
             return false;
         }
-        let hdr = rx_header(&frame.hdr, caps);
-        let Some(wire) = up.batched_header(&hdr) else {
+        let Some(wire) = up.batched_header(hdr) else {
             return false;
         };
         if self.waiting.len() == WRITE_BATCH {
@@ -158,7 +159,6 @@ mod tests {
     use crate::config::UplinkConfig;
     use crate::sys::io::poll_readable;
     use crate::testkit::recorder::Recorder;
-    use crate::vnet_hdr::VirtioNetHdr;
     use std::time::Duration;
 
     const LEN: usize = 80;
