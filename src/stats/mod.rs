@@ -134,6 +134,14 @@ impl Counters {
         self.rx_bytes.fetch_add(bytes as u64, Relaxed);
     }
 
+    /// One frame of `bytes` handed on intact; `gso`: with its GSO header.
+    pub fn rx_intact(&self, bytes: usize, gso: bool) {
+        self.rx(bytes);
+        if gso {
+            self.gso_passed.fetch_add(1, Relaxed);
+        }
+    }
+
     /// One frame segmented into `segments` of at most `mss` payload bytes.
     pub fn segmented(&self, segments: usize, mss: usize, bytes: usize) {
         self.gso_segmented.fetch_add(1, Relaxed);

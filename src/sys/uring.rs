@@ -69,11 +69,6 @@ impl Ring {
         })
     }
 
-    /// Operations one submission takes at most.
-    pub fn entries(&self) -> usize {
-        self.entries
-    }
-
     /// Writes each of `writes` with one writev, in order, up to the ring's size per
     /// system call, and sets `results[i]` to what write `i` returned.
     pub fn writev_all(&mut self, writes: &[Write<'_>], results: &mut Vec<io::Result<usize>>) {

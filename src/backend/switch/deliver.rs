@@ -362,10 +362,7 @@ pub fn deliver(
             let hdr = rx_header(&frame.hdr, caps);
             match dst.send(queue, &hdr, frame.parts) {
                 Ok(()) => {
-                    stats.rx(frame.len);
-                    if hdr.gso.is_gso() {
-                        stats.gso_passed.fetch_add(1, Relaxed);
-                    }
+                    stats.rx_intact(frame.len, hdr.gso.is_gso());
                     Outcome { path, sent: 1 }
                 }
                 Err(r) => {

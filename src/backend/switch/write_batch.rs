@@ -9,7 +9,6 @@
 //! gave, as for a write made at once.
 
 use std::ops::Range;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use super::{stable, SwitchUplink};
@@ -92,11 +91,6 @@ impl WriteBatch {
         true
     }
 
-    /// Whether writes are waiting (a write made at once must not overtake them).
-    pub fn is_empty(&self) -> bool {
-        self.waiting.is_empty()
-    }
-
     /// Writes everything put off, in order, and counts each result.
     pub fn submit(&mut self) {
         if self.waiting.is_empty() {
@@ -125,12 +119,7 @@ impl WriteBatch {
         for (i, w) in self.waiting.drain(..).enumerate() {
             let stats = w.up.stats();
             match self.results.get(i) {
-                Some(Ok(_)) => {
-                    stats.rx(w.len);
-                    if w.gso {
-                        stats.gso_passed.fetch_add(1, Relaxed);
-                    }
-                }
+                Some(Ok(_)) => stats.rx_intact(w.len, w.gso),
                 Some(Err(e)) => stats.drop(DropReason::of_uplink_write(e)),
                 None => stats.drop(DropReason::UplinkError),
             }
@@ -159,6 +148,7 @@ mod tests {
     use crate::config::UplinkConfig;
     use crate::sys::io::poll_readable;
     use crate::testkit::recorder::Recorder;
+    use std::sync::atomic::Ordering::Relaxed;
     use std::time::Duration;
 
     const LEN: usize = 80;
