@@ -11,7 +11,8 @@ address, taking its turns like the others: the ratio to it is measured round by
 round in one boot, not once.
 
 Prints Mbit/s per round and the mean ratio of each variant to the first, with dom0's
-CPU seconds and context switches per GB (results/guest-logs/ keeps the console).
+CPU seconds and context switches per GB, and for gsonet's runs the vif's frames,
+notifications and events per GB (results/guest-logs/ keeps the console).
 """
 
 from __future__ import annotations
@@ -26,6 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "guest-tests"))
 from harness import xen  # noqa: E402
 
 PATHS = ("dom0_to_domu", "domu_to_dom0")
+# The vif's counters shown per GB for gsonet's runs: frames each way, notifications
+# gsonet sent (rx_calls: RX responses, tx_calls: TX responses), events it took.
+VIF_COUNTERS = ("rx_frames", "tx_frames", "rx_calls", "tx_calls", "rx_kicks", "tx_kicks")
+
+
+def vif_counters(snap: dict | None) -> dict[str, float]:
+    """The connected vif's counters in one stats snapshot (the A/B runs one domU)."""
+    for port in (snap or {}).get("ports", []):
+        if port.get("connected") and port.get("name", "").startswith("vif"):
+            return {k: float(port["stats"].get(k, 0)) for k in VIF_COUNTERS}
+    return {}
 
 
 def main() -> int:
@@ -82,6 +94,7 @@ def main() -> int:
         print(f"\n{path}: Mbit/s per round | dom0 CPU s/GB | dom0 ctx switches/GB")
         for name, _, _ in variants:
             rates, cpu, ctxt = [], [], []
+            counts: dict[str, list[float]] = {k: [] for k in VIF_COUNTERS}
             for r in range(1, args.rounds + 1):
                 key = f"ab.{name}.r{r}.{path}_mbps"
                 mbps = num(key)
@@ -92,6 +105,12 @@ def main() -> int:
                 if gb > 0:
                     cpu.append((num(f"{key}.cpu_dom0") or 0) / gb)
                     ctxt.append((num(f"{key}.dom0_ctxt") or 0) / gb)
+                    first = PATHS.index(path)
+                    a = vif_counters(run.stats.get(f"ab.{name}.r{r}.s{first}"))
+                    b = vif_counters(run.stats.get(f"ab.{name}.r{r}.s{first + 1}"))
+                    if a and b:
+                        for k in VIF_COUNTERS:
+                            counts[k].append((b[k] - a[k]) / gb)
             if not rates:
                 print(f"  {name:<12} no result")
                 continue
@@ -99,6 +118,9 @@ def main() -> int:
             print(f"  {name:<12} {' '.join(f'{x:7.0f}' for x in rates)}"
                   f"   mean {means[(name, path)]:7.0f}"
                   f" | {statistics.mean(cpu):5.1f} | {statistics.mean(ctxt):8.0f}")
+            if all(counts.values()):
+                print("  " + " " * 12 + " per GB: " + ", ".join(
+                    f"{k} {statistics.mean(v):.0f}" for k, v in counts.items()))
     base = variants[0][0]
     print()
     for name, _, _ in variants[1:]:

@@ -184,11 +184,11 @@ struct ServeArgs {
     #[arg(long = "uplink", value_name = "SPEC")]
     uplinks: Vec<String>,
     /// A Xen netback vif, served from dom0 (docs/xen.md): domid=D[,devid=N][,mac=MAC]
-    /// [,tso=on|off][,csum=on|off][,uring=on|off] serves backend/vif/D/N; auto[,max=N]
-    /// attaches every vif that appears under backend/vif/ (at most N at once, default
-    /// 8). uring=on (default): a TX batch's frames go to a tap in one io_uring
-    /// submission. The domU's vif uses script=vif-none, with the kernel's xen-netback
-    /// not loaded.
+    /// [,tso=on|off][,csum=on|off][,uring=on|off][,nice=N] serves backend/vif/D/N;
+    /// auto[,max=N] attaches every vif that appears under backend/vif/ (at most N at
+    /// once, default 8). uring=on (default): a TX batch's frames go to a tap in one
+    /// io_uring submission. nice=N (default -5): the vif worker thread's nice value.
+    /// The domU's vif uses script=vif-none, with the kernel's xen-netback not loaded.
     #[arg(long = "xen-vif", value_name = "SPEC")]
     xen_vifs: Vec<String>,
     /// A TOML file with [[port]] and [[uplink]] tables (same keys as above), `control`,

@@ -218,6 +218,18 @@ gsonet_start() {
     fail "gsonet serve $* did not start"
 }
 
+# worker_nices: the nice value of each of gsonet's vif worker threads (vifD.N),
+# space-separated.
+worker_nices() {
+    local t out=""
+    for t in /proc/"$GSONET_PID"/task/*; do
+        case "$(cat "$t/comm" 2>/dev/null)" in
+            vif[0-9]*.[0-9]*) out="$out $(cut -d' ' -f19 "$t/stat")" ;;
+        esac
+    done
+    echo $out
+}
+
 # gsonet_stats TAG: one line `XT-STATS TAG {json}` for harness/xen.py.
 gsonet_stats() {
     echo "XT-STATS $1 $(/xt/gsonet stats --control "$GSONET_CTL" --json | tr -d '\n')"

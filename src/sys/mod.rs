@@ -3,7 +3,7 @@
 //! and `fd` for what a descriptor from another process is), Unix listening sockets
 //! (`sock`), socket peers and groups (`cred`), epoll timers (`timer`), readiness for
 //! systemd (`notify`), sockets systemd passed us (`activation`), batches of writes in
-//! one call (`uring`).
+//! one call (`uring`), a thread's priority (`sched`).
 
 // The one room allowed to call into libc; every block states its invariant.
 #![allow(unsafe_code)]
@@ -15,6 +15,7 @@ pub mod io;
 pub mod netdev;
 pub mod notify;
 pub mod packet;
+pub mod sched;
 pub mod scm;
 pub mod sock;
 pub mod timer;

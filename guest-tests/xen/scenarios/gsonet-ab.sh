@@ -5,7 +5,8 @@
 # drift from one minute to the next falls on each alike.
 # Env: XT_VARIANTS (names), XT_ROUNDS (default 2), XT_SECONDS (iperf3, default 5),
 # XT_IPERF_ARGS (more iperf3 client words, e.g. "-P 4").
-# Results: ab.V.rR.dom0_to_domu_mbps, ab.V.rR.domu_to_dom0_mbps (+ their CPU costs).
+# Results: ab.V.rR.dom0_to_domu_mbps, ab.V.rR.domu_to_dom0_mbps (+ their CPU costs);
+# stats snapshots ab.V.rR.s0, .s1, .s2 before, between and after the two runs.
 . /xt/lib.sh
 S=${XT_SECONDS:-5}
 ip1=10.99.0.2
@@ -32,9 +33,11 @@ while [ $r -le "${XT_ROUNDS:-2}" ]; do
         ip addr add 10.99.0.1/24 dev xttap0
         ip link set xttap0 up
         wait_domu $ip1 300 || fail "gdomU1 does not answer through gsonet $v"
+        gsonet_stats "ab.$v.r$r.s0"
         measure "ab.$v.r$r.dom0_to_domu_mbps" iperf_mbps -c $ip1 -t "$S" $XT_IPERF_ARGS
+        gsonet_stats "ab.$v.r$r.s1"
         measure "ab.$v.r$r.domu_to_dom0_mbps" iperf_mbps -c $ip1 -t "$S" -R $XT_IPERF_ARGS
-        gsonet_stats "ab.$v.r$r"
+        gsonet_stats "ab.$v.r$r.s2"
         teardown
     done
     r=$((r + 1))

@@ -49,6 +49,7 @@ wait_domu $ip1 300 || fail "gdomU1 does not answer through gsonet"
 # measure once every domU has booted (a booting TCG guest eats the CPU)
 [ "$NDOM" = 2 ] && { wait_domu $ip2 300 || fail "gdomU2 does not answer through gsonet"; }
 result gsonet.ping "$(ping -c3 -W2 $ip1 >/dev/null && echo ok || echo lost)"
+result gsonet.worker_nice "$(worker_nices)"
 gsonet_stats start
 measure gsonet.dom0_to_domu_mbps iperf_mbps -c $ip1 -t "$S" $XT_IPERF_ARGS
 gsonet_stats after_dom0_to_domu

@@ -21,6 +21,7 @@ use crate::frame::validate::tx_frame;
 use crate::netif::{self, TxParse, TxPlan, TX_RING_SIZE};
 use crate::stats::DropReason;
 use crate::sys::io::poll_any;
+use crate::sys::sched::set_thread_nice;
 use crate::sys::xen::gntdev::CopyOp;
 
 /// Packets copied per grant-copy ioctl.
@@ -107,6 +108,10 @@ pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, switch: Arc<Switch>) {
         // them at the end of each batch here rather than waking the uplink reader.
         ctx: DeliverCtx::reaping(),
     };
+    if let Err(e) = set_thread_nice(w.port.cfg.nice) {
+        warn!(vif = %w.port.name(), nice = w.port.cfg.nice,
+              "cannot set the worker's priority ({e}): it runs at the process's");
+    }
     if w.port.cfg.uring {
         // The batch's frames then reach a tap in one system call at its flush.
         if let Err(e) = w.ctx.batch_writes() {
