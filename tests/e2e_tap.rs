@@ -456,7 +456,8 @@ fn tso4_to_tap_with_software_gso_is_segmented() {
 
 /// Two guests behind one tap: A with `a_rx` RX buffers, B with plenty; each has said
 /// hello (so the switch knows both MACs), and the host then sent 40 UDP frames to
-/// each, interleaved (A's to port 7000, B's to 7001).
+/// each (A's to port 7000, B's to 7001), interleaved or, with `a_first`, all of A's
+/// before B's. Each frame's payload is made from its number.
 struct TwoBehindTap {
     d: Daemon,
     host: PacketSock,
@@ -466,11 +467,16 @@ struct TwoBehindTap {
     sent_at: std::time::Instant,
 }
 
-fn two_behind_tap(a_rx: usize) -> TwoBehindTap {
+fn two_behind_tap(a_rx: usize, a_first: bool) -> TwoBehindTap {
     let d = Daemon::start(&DaemonSpec::ports(2).with_tap("")).expect("start gsonet");
     let host = PacketSock::bind(d.tap.as_ref().unwrap(), true).expect("AF_PACKET on the tap");
     let (mac_a, mac_b) = (frames::mac(0x1a), frames::mac(0x1b));
-    let mut a = TestFrontend::connect(&d.sockets[0], opts(FEATS)).expect("frontend A");
+    // A's buffers are the ones the test posts, not re-posted as frames arrive.
+    let a_opts = FrontendOpts {
+        auto_repost: false,
+        ..opts(FEATS)
+    };
+    let mut a = TestFrontend::connect(&d.sockets[0], a_opts).expect("frontend A");
     let mut b = TestFrontend::connect(&d.sockets[1], opts(FEATS)).expect("frontend B");
     a.post_rx(a_rx, 2048).unwrap();
     b.post_rx(256, 2048).unwrap();
@@ -484,13 +490,20 @@ fn two_behind_tap(a_rx: usize) -> TwoBehindTap {
         host.collect(T, |s| s.frame == f, |v| !v.is_empty())
             .unwrap();
     }
-    let sent_at = std::time::Instant::now();
+    let mut order: Vec<(u32, [u8; 6], u16)> = Vec::new();
     for i in 0..40 {
         for (mac, port) in [(mac_a, 7000), (mac_b, 7001)] {
-            let flow = Flow::new(far_mac(), mac, Ips::v4()).ports(port, 9);
-            let (h, f) = frames::udp(&flow, &frames::payload(200, i), UdpGso::None);
-            host.send(&h, &f).unwrap();
+            order.push((i, mac, port));
         }
+    }
+    if a_first {
+        order.sort_by_key(|&(i, _, port)| (port, i));
+    }
+    let sent_at = std::time::Instant::now();
+    for (i, mac, port) in order {
+        let flow = Flow::new(far_mac(), mac, Ips::v4()).ports(port, 9);
+        let (h, f) = frames::udp(&flow, &frames::payload(200, i), UdpGso::None);
+        host.send(&h, &f).unwrap();
     }
     TwoBehindTap {
         d,
@@ -513,7 +526,7 @@ fn a_guest_that_stops_reading_does_not_hold_up_the_others() {
         a: _a,
         mut b,
         sent_at: start,
-    } = two_behind_tap(4);
+    } = two_behind_tap(4, false);
     // 40 frames for A (which never reads again) came interleaved with 40 for B.
     let n = 40;
     let mut got = 0;
@@ -564,7 +577,7 @@ fn a_guest_that_trickles_buffers_does_not_slow_the_others() {
         mut a,
         mut b,
         sent_at: start,
-    } = two_behind_tap(1);
+    } = two_behind_tap(1, false);
     let n = 40;
     let (mut got_b, mut got_a) = (0, 0);
     let mut next_buffer = std::time::Instant::now();
@@ -595,6 +608,69 @@ fn a_guest_that_trickles_buffers_does_not_slow_the_others() {
     assert!(
         took < Duration::from_secs(2),
         "B's frames took {took:?} (A got {got_a})\n{s:#}"
+    );
+}
+
+/// A burst for a guest whose queue is full, then frames for another: while all it
+/// read went to the full guest, the tap reader leaves the rest in the tap's queue
+/// (no copy aside) until room comes, for a millisecond at most, so B's frames behind
+/// the burst still come at once; A, adding a buffer every 10 ms, gets every one of
+/// its frames in order.
+#[test]
+fn a_burst_for_a_full_guest_does_not_delay_the_next_guest() {
+    require_tun!();
+    let TwoBehindTap {
+        d,
+        host: _host,
+        mut a,
+        mut b,
+        sent_at: start,
+    } = two_behind_tap(1, true);
+    let n = 40;
+    let mut got_a = Vec::new();
+    let mut b_done = None;
+    let mut got_b = 0;
+    let mut next_buffer = std::time::Instant::now();
+    while got_a.len() < n && start.elapsed() < Duration::from_secs(10) {
+        if std::time::Instant::now() >= next_buffer {
+            a.post_rx(1, 2048).unwrap();
+            next_buffer += Duration::from_millis(10);
+        }
+        while got_b < n
+            && recv_where(&mut b, Duration::from_millis(1), |x| {
+                l4_ports(&x.frame) == Some((7001, 9))
+            })
+            .is_some()
+        {
+            got_b += 1;
+            if got_b == n {
+                b_done = Some(start.elapsed());
+            }
+        }
+        if let Some(x) = recv_where(&mut a, Duration::from_millis(1), |x| {
+            l4_ports(&x.frame) == Some((7000, 9))
+        }) {
+            got_a.push(x.frame);
+        }
+    }
+    let s = d.stats().unwrap();
+    assert_eq!(got_b, n, "B got {got_b} of {n}\n{s:#}");
+    // Waiting for A's buffers, B's frames would come after about 40 x 10 ms.
+    let b_done = b_done.unwrap();
+    assert!(
+        b_done < Duration::from_millis(200),
+        "B's frames took {b_done:?} (A had {} by then)\n{s:#}",
+        got_a.len()
+    );
+    assert_eq!(got_a.len(), n, "A got {} of {n}\n{s:#}", got_a.len());
+    for (i, f) in got_a.iter().enumerate() {
+        let want = frames::payload(200, i as u32);
+        assert!(f.ends_with(&want), "A's frame {i} out of order\n{s:#}");
+    }
+    assert_eq!(
+        drop_count(&s["ports"][0]["stats"], "rx_queue_full"),
+        0,
+        "{s:#}"
     );
 }
 

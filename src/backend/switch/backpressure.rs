@@ -25,6 +25,11 @@ pub const RX_STALL: Duration = Duration::from_millis(200);
 pub const HOLD_FRAMES: usize = 256;
 /// Bytes one sender holds for all destinations together.
 pub const HOLD_BYTES: usize = 8 << 20;
+/// Longest pause of a sender's reads while everything it last read went to full
+/// queues (`Held::pause_reads`).
+pub const HOLD_PAUSE: Duration = Duration::from_millis(1);
+/// Unicast destinations a read round keeps track of; a round with more never pauses.
+const ROUND_DSTS: usize = 8;
 
 /// How long one guest's RX queue has been full.
 pub struct StallClock {
@@ -154,6 +159,32 @@ pub struct Held {
     /// in between, so a destination that copies at the flush (a Xen vif) may keep
     /// their address rather than copy them a second time (`stable`).
     spent: Vec<HeldFrame>,
+    /// Where the frames of the sender's current read went (`begin_round`).
+    round: Round,
+}
+
+/// Where the frames of one read round went, for `Held::pause_reads`.
+#[derive(Default)]
+struct Round {
+    /// Frames held this round.
+    held: usize,
+    /// Unicast destinations that took a frame this round (at most ROUND_DSTS).
+    took: Vec<Endpoint>,
+    /// A frame was flooded, or went to more destinations than `took` keeps.
+    spread: bool,
+}
+
+impl Round {
+    fn took(&mut self, dst: Endpoint) {
+        if self.took.contains(&dst) {
+            return;
+        }
+        if self.took.len() == ROUND_DSTS {
+            self.spread = true;
+        } else {
+            self.took.push(dst);
+        }
+    }
 }
 
 impl Held {
@@ -177,6 +208,25 @@ impl Held {
             }
         };
         &mut self.by_dst[i]
+    }
+
+    /// The sender starts reading a batch: `pause_reads` speaks of it from now on.
+    pub fn begin_round(&mut self) {
+        self.round.held = 0;
+        self.round.took.clear();
+        self.round.spread = false;
+    }
+
+    /// Whether the sender should stop reading for now (until room appears, at most
+    /// HOLD_PAUSE): this round held a frame, and every frame it read went to a
+    /// destination that now has frames held. More reads would most likely be held
+    /// too, each a copy, where left in the device's queue they cost nothing and the
+    /// host's sender is slowed by its own queue (as the kernel stops a full vif's
+    /// queue). A round with a frame for anyone else (another guest, a flood) never
+    /// pauses, so a full guest delays others by one pause at most, not each round.
+    pub fn pause_reads(&self) -> bool {
+        let r = &self.round;
+        r.held > 0 && !r.spread && r.took.iter().all(|d| self.has_for(*d))
     }
 
     fn has_for(&self, dst: Endpoint) -> bool {
@@ -284,7 +334,8 @@ impl Held {
 /// frame for a guest whose RX queue is full is held (`Held`) and re-delivered when
 /// the guest adds buffers, as a NIC with flow control would, for at most `RX_STALL`;
 /// frames behind it for the same guest wait their turn. Floods are never held, and
-/// holding one guest's frames never delays another's.
+/// holding one guest's frames delays another's by one `HOLD_PAUSE` at most (see
+/// `Held::pause_reads`).
 pub fn forward_holding(
     switch: &Switch,
     src: Endpoint,
@@ -298,20 +349,24 @@ pub fn forward_holding(
         return;
     };
     let Some(dst) = route.unicast() else {
+        held.round.spread = true;
         switch.send(&route, queue, ctx, OnFull::Count);
         return;
     };
     let Some(view) = route.view(dst) else {
         return;
     };
+    held.round.took(dst);
     if held.has_for(dst) {
         // Keep the order: this frame goes after those already held for `dst`.
         held.hold(switch, dst, view, queue, 0);
+        held.round.held += 1;
         return;
     }
     if let Some(out) = switch.send(&route, queue, ctx, OnFull::Return) {
         if out.path == Path::Dropped(DropReason::RxQueueFull) {
             held.hold(switch, dst, view, queue, out.sent);
+            held.round.held += 1;
         }
     }
 }

@@ -1470,6 +1470,45 @@ mod vlan_forwarding {
         (net, held, ctx, bytes)
     }
 
+    /// A sender stops reading while all it read went to full queues, and only then.
+    #[test]
+    fn reads_pause_only_while_every_frame_went_to_a_full_queue() {
+        use super::backpressure::forward_holding;
+        let (net, mut held, mut ctx, bytes) = held_for_full_port(2);
+        assert!(held.pause_reads(), "all of the round was held for P10A");
+        let send = |held: &mut super::backpressure::Held, ctx: &mut DeliverCtx, b: &[u8]| {
+            let parts = [b];
+            let f = Frame::new(VirtioNetHdr::default(), &parts, None).unwrap();
+            forward_holding(&net.sw, Endpoint::Uplink(0), 0, &f, ctx, held);
+        };
+        // P10B's guest is known and has room: a frame for it in the round.
+        plain(&net, Endpoint::Port(P10B), &frame(mac(9), mac(2), None));
+        net.up.take();
+        net.ports[P10B].take(); // P10A's first frame, flooded
+        send(&mut held, &mut ctx, &frame(mac(2), mac(9), Some(10)));
+        assert_eq!(net.ports[P10B].take().len(), 1);
+        assert!(!held.pause_reads(), "another guest took a frame this round");
+        // A new round: for the full guest only, then a flood.
+        held.begin_round();
+        assert!(!held.pause_reads(), "nothing read yet");
+        send(&mut held, &mut ctx, &bytes);
+        assert!(held.pause_reads());
+        send(
+            &mut held,
+            &mut ctx,
+            &frame(Mac([0xff; 6]), mac(9), Some(10)),
+        );
+        assert!(!held.pause_reads(), "a flood went to others");
+        // Room: the retry delivers what was held, and nothing is paused for.
+        held.begin_round();
+        send(&mut held, &mut ctx, &bytes);
+        net.ports[P10A].full.store(false, Relaxed);
+        net.sw.rx_space();
+        held.retry(&net.sw, &mut ctx);
+        assert!(held.is_empty());
+        assert!(!held.pause_reads(), "P10A has nothing held any more");
+    }
+
     #[test]
     fn frames_held_for_a_removed_port_are_let_go() {
         let (net, mut held, mut ctx, _) = held_for_full_port(3);

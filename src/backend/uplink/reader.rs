@@ -9,14 +9,14 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, error, warn};
 
 use super::device::DeviceUplink;
 use super::queue::{BatchedReads, Home, QueueReader, ReadRing, FRAME_ROOM};
 use super::UplinkDevice;
-use crate::backend::switch::backpressure::{forward_holding, Held, RoomWaiter};
+use crate::backend::switch::backpressure::{forward_holding, Held, RoomWaiter, HOLD_PAUSE};
 use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::{stable, Endpoint, Switch};
 use crate::frame::Frame;
@@ -94,6 +94,8 @@ fn read_loop<D: UplinkDevice>(
     let slot = &up.queues[queue];
     let lock = || slot.reader.lock().unwrap_or_else(|e| e.into_inner());
     let mut owner_reads_seen = slot.sender_reads.load(Ordering::Relaxed);
+    // When the reads paused for a full guest began (`Held::pause_reads`).
+    let mut pause_since: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
         let failures = lock().failures;
         if failures > 0 {
@@ -117,7 +119,7 @@ fn read_loop<D: UplinkDevice>(
                 continue;
             }
         }
-        let (timeout, holding) = {
+        let (timeout, holding, paused) = {
             let mut st = lock();
             let QueueReader { ctx, held, .. } = &mut *st;
             // Asked before the retry: room that appears during it rings too.
@@ -130,9 +132,28 @@ fn read_loop<D: UplinkDevice>(
             (
                 held.poll_timeout(POLL_WAIT, slot.room.is_some()),
                 !held.is_empty(),
+                held.pause_reads(),
             )
         };
         let waited = match &slot.room {
+            Some(room) if holding && paused => {
+                // Only room is waited for, HOLD_PAUSE at most since the last read
+                // (room for any guest rings too); when it comes, the held frames go
+                // first (the retry at the top), then the queue is read.
+                let since = *pause_since.get_or_insert_with(Instant::now);
+                let left = HOLD_PAUSE.saturating_sub(since.elapsed());
+                if left.is_zero() {
+                    Ok(())
+                } else {
+                    room.wanted.store(true, Ordering::Relaxed);
+                    let rang = poll_readable(room.bell.fd(), left.min(timeout));
+                    room.bell.clear();
+                    if matches!(rang, Ok(true)) {
+                        continue;
+                    }
+                    rang.map(|_| ())
+                }
+            }
             Some(room) if holding => {
                 room.wanted.store(true, Ordering::Relaxed);
                 let r = poll_any(&[fd, room.bell.fd()], timeout).map(|_| ());
@@ -153,6 +174,7 @@ fn read_loop<D: UplinkDevice>(
         if slot.owned.load(Ordering::Acquire) {
             continue;
         }
+        pause_since = None;
         read_batch(up, id, queue, switch, &mut lock());
     }
 }
@@ -185,6 +207,7 @@ fn read_batch<D: UplinkDevice>(
     let mut got = 0;
     let mut tried = 0;
     let mut slots: [Range<usize>; READS_AT_ONCE] = std::array::from_fn(|_| 0..0);
+    held.begin_round();
     while tried < RX_BATCH {
         if buf.len() - used < FRAME_ROOM + netif::PAGE {
             ctx.flush();
@@ -273,7 +296,9 @@ fn read_batch<D: UplinkDevice>(
             up.stats.drop(DropReason::UplinkReadError);
             break;
         }
-        if empty {
+        // What this round read all went to full guests: the rest stays in the
+        // device's queue for now (`Held::pause_reads`).
+        if empty || held.pause_reads() {
             break;
         }
     }
