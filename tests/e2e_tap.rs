@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::afpacket::{is_gso, PacketSock, Seen};
 use common::daemon::{drop_count, drops_total, port_counter, uplink_counter, Daemon, DaemonSpec};
 use common::frames::{self, Flow, Ips, UdpGso, MSS4, MSS6};
-use common::frontend::{feat, BadTx, FrontendOpts, TestFrontend, TxLayout};
+use common::frontend::{feat, BadTx, FrontendOpts, RxFrame, TestFrontend, TxLayout};
 use common::rx::{l4_ports, recv_where, tcp_payload_len};
 use gsonet::vnet_hdr::{GsoKind, VirtioNetHdr, F_NEEDS_CSUM, HDR_LEN};
 
@@ -514,6 +514,19 @@ fn two_behind_tap(a_rx: usize, a_first: bool) -> TwoBehindTap {
     }
 }
 
+/// Posts one RX buffer to `fe` once `next` has come, and the next one `every` later.
+fn trickle_buffer(fe: &mut TestFrontend, next: &mut std::time::Instant, every: Duration) {
+    if std::time::Instant::now() >= *next {
+        fe.post_rx(1, 2048).unwrap();
+        *next += every;
+    }
+}
+
+/// The next of the host's UDP frames to `port` (from port 9) on `fe`, within `within`.
+fn udp_to(fe: &mut TestFrontend, port: u16, within: Duration) -> Option<RxFrame> {
+    recv_where(fe, within, |x| l4_ports(&x.frame) == Some((port, 9)))
+}
+
 /// A guest that stops reading its RX queue may cost frames for itself, never a stall
 /// for the others behind the same tap: after `RX_STALL` the tap reader stops waiting
 /// for it and drops its frames at once (`rx_queue_stalled`).
@@ -531,11 +544,7 @@ fn a_guest_that_stops_reading_does_not_hold_up_the_others() {
     let n = 40;
     let mut got = 0;
     while got < n as usize && start.elapsed() < Duration::from_secs(10) {
-        if recv_where(&mut b, Duration::from_millis(200), |x| {
-            l4_ports(&x.frame) == Some((7001, 9))
-        })
-        .is_some()
-        {
+        if udp_to(&mut b, 7001, Duration::from_millis(200)).is_some() {
             got += 1;
         }
     }
@@ -582,22 +591,11 @@ fn a_guest_that_trickles_buffers_does_not_slow_the_others() {
     let (mut got_b, mut got_a) = (0, 0);
     let mut next_buffer = std::time::Instant::now();
     while got_b < n as usize && start.elapsed() < Duration::from_secs(10) {
-        if std::time::Instant::now() >= next_buffer {
-            a.post_rx(1, 2048).unwrap();
-            next_buffer += Duration::from_millis(100);
-        }
-        if recv_where(&mut b, Duration::from_millis(20), |x| {
-            l4_ports(&x.frame) == Some((7001, 9))
-        })
-        .is_some()
-        {
+        trickle_buffer(&mut a, &mut next_buffer, Duration::from_millis(100));
+        if udp_to(&mut b, 7001, Duration::from_millis(20)).is_some() {
             got_b += 1;
         }
-        if recv_where(&mut a, Duration::from_millis(1), |x| {
-            l4_ports(&x.frame) == Some((7000, 9))
-        })
-        .is_some()
-        {
+        if udp_to(&mut a, 7000, Duration::from_millis(1)).is_some() {
             got_a += 1;
         }
     }
@@ -619,41 +617,26 @@ fn a_guest_that_trickles_buffers_does_not_slow_the_others() {
 #[test]
 fn a_burst_for_a_full_guest_does_not_delay_the_next_guest() {
     require_tun!();
-    let TwoBehindTap {
-        d,
-        host: _host,
-        mut a,
-        mut b,
-        sent_at: start,
-    } = two_behind_tap(1, true);
+    let mut t = two_behind_tap(1, true);
+    let start = t.sent_at;
     let n = 40;
     let mut got_a = Vec::new();
     let mut b_done = None;
     let mut got_b = 0;
     let mut next_buffer = std::time::Instant::now();
     while got_a.len() < n && start.elapsed() < Duration::from_secs(10) {
-        if std::time::Instant::now() >= next_buffer {
-            a.post_rx(1, 2048).unwrap();
-            next_buffer += Duration::from_millis(10);
-        }
-        while got_b < n
-            && recv_where(&mut b, Duration::from_millis(1), |x| {
-                l4_ports(&x.frame) == Some((7001, 9))
-            })
-            .is_some()
-        {
+        trickle_buffer(&mut t.a, &mut next_buffer, Duration::from_millis(10));
+        while got_b < n && udp_to(&mut t.b, 7001, Duration::from_millis(1)).is_some() {
             got_b += 1;
             if got_b == n {
                 b_done = Some(start.elapsed());
             }
         }
-        if let Some(x) = recv_where(&mut a, Duration::from_millis(1), |x| {
-            l4_ports(&x.frame) == Some((7000, 9))
-        }) {
+        if let Some(x) = udp_to(&mut t.a, 7000, Duration::from_millis(1)) {
             got_a.push(x.frame);
         }
     }
-    let s = d.stats().unwrap();
+    let s = t.d.stats().unwrap();
     assert_eq!(got_b, n, "B got {got_b} of {n}\n{s:#}");
     // Waiting for A's buffers, B's frames would come after about 40 x 10 ms.
     let b_done = b_done.unwrap();
