@@ -313,6 +313,12 @@ fn print_counters(s: &Snapshot) {
         "  notifications: kicks tx {} rx {}  calls tx {} rx {}  tx polls {}",
         s.tx_kicks, s.rx_kicks, s.tx_calls, s.rx_calls, s.tx_polls
     );
+    if s.rx_held > 0 || s.rx_pauses > 0 {
+        println!(
+            "  backpressure: {} frames held for full guests, reads paused {} times",
+            s.rx_held, s.rx_pauses
+        );
+    }
     if s.tx_holds > 0 {
         println!(
             "  rate: TX queue held {} times, {} us in all",

@@ -655,6 +655,9 @@ fn a_burst_for_a_full_guest_does_not_delay_the_next_guest() {
         0,
         "{s:#}"
     );
+    // The reader held what it had read for A, and paused.
+    assert!(uplink_counter(&s, 0, "rx_held") > 0, "{s:#}");
+    assert!(uplink_counter(&s, 0, "rx_pauses") > 0, "{s:#}");
 }
 
 /// A tap deleted under a running gsonet leaves its reader with a descriptor that is

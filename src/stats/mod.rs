@@ -48,6 +48,11 @@ pub struct Counters {
     /// Looks at the TX queue by the `tx_poll_us` timer, kicks being off (a Xen vif:
     /// by its 200 ms look); for an uplink, reads of its queue by a sender (`reap`).
     pub tx_polls: AtomicU64,
+    /// An uplink's frames set aside for a full guest queue (re-sent as it adds
+    /// buffers, or dropped as `rx_queue_full`), and the times its reads paused
+    /// because all they got went to full guests (`backpressure::Held::pause_reads`).
+    pub rx_held: AtomicU64,
+    pub rx_pauses: AtomicU64,
     drops: DropCounters,
 }
 
@@ -88,6 +93,10 @@ pub struct Snapshot {
     pub rx_calls: u64,
     #[serde(default)]
     pub tx_polls: u64,
+    #[serde(default)]
+    pub rx_held: u64,
+    #[serde(default)]
+    pub rx_pauses: u64,
     pub gro_frames: u64,
     #[serde(default)]
     pub gro_segments: u64,
@@ -188,6 +197,8 @@ impl Counters {
             tx_calls: g(&self.tx_calls),
             rx_calls: g(&self.rx_calls),
             tx_polls: g(&self.tx_polls),
+            rx_held: g(&self.rx_held),
+            rx_pauses: g(&self.rx_pauses),
             gro_frames: g(&self.gro_frames),
             gro_segments: g(&self.gro_segments),
             tx_holds: g(&self.tx_holds),

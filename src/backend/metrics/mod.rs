@@ -141,6 +141,16 @@ const COUNTERS: &[CounterFamily] = &[
         help: "Looks at a port's TX queue by the tx_poll_us timer, kicks being off; for an uplink, reads of its queue by a sender.",
         value: |s| s.tx_polls,
     },
+    CounterFamily {
+        name: "rx_held_total",
+        help: "An uplink's frames set aside for a full guest RX queue, re-sent as it adds buffers.",
+        value: |s| s.rx_held,
+    },
+    CounterFamily {
+        name: "rx_pauses_total",
+        help: "Times an uplink's reads paused (1 ms at most) because all they got went to full guests.",
+        value: |s| s.rx_pauses,
+    },
 ];
 
 /// Gauges read from every endpoint's `Snapshot`.

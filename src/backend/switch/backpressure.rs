@@ -235,13 +235,20 @@ impl Held {
             .any(|h| h.dst == dst && !h.frames.is_empty())
     }
 
-    /// Holds a copy of `frame` for `dst`, or drops it (counted) when the bounds are
-    /// reached.
-    fn hold(&mut self, switch: &Switch, dst: Endpoint, frame: &Frame, queue: usize, sent: usize) {
+    /// Holds a copy of `frame` for `dst` (true), or drops it (counted) when the
+    /// bounds are reached.
+    fn hold(
+        &mut self,
+        switch: &Switch,
+        dst: Endpoint,
+        frame: &Frame,
+        queue: usize,
+        sent: usize,
+    ) -> bool {
         let q_len = self.queue_of(dst).frames.len();
         if q_len >= HOLD_FRAMES || self.bytes + frame.len > HOLD_BYTES {
             switch.count_drop(dst, DropReason::RxQueueFull);
-            return;
+            return false;
         }
         self.bytes += frame.len;
         let held = self.queue_of(dst);
@@ -249,6 +256,7 @@ impl Held {
             held.progress = Instant::now();
         }
         held.frames.push_back(HeldFrame::copy(frame, queue, sent));
+        true
     }
 
     /// Re-delivers held frames, oldest first per destination, when some guest added
@@ -335,7 +343,7 @@ impl Held {
 /// the guest adds buffers, as a NIC with flow control would, for at most `RX_STALL`;
 /// frames behind it for the same guest wait their turn. Floods are never held, and
 /// holding one guest's frames delays another's by one `HOLD_PAUSE` at most (see
-/// `Held::pause_reads`).
+/// `Held::pause_reads`). True when the frame was held.
 pub fn forward_holding(
     switch: &Switch,
     src: Endpoint,
@@ -343,32 +351,31 @@ pub fn forward_holding(
     frame: &Frame,
     ctx: &mut DeliverCtx,
     held: &mut Held,
-) {
+) -> bool {
     let mut views = ViewBuf::default();
     let Some(route) = switch.route(src, frame, &mut views, ctx.now()) else {
-        return;
+        return false;
     };
     let Some(dst) = route.unicast() else {
         held.round.spread = true;
         switch.send(&route, queue, ctx, OnFull::Count);
-        return;
+        return false;
     };
     let Some(view) = route.view(dst) else {
-        return;
+        return false;
     };
     held.round.took(dst);
-    if held.has_for(dst) {
+    let sent = if held.has_for(dst) {
         // Keep the order: this frame goes after those already held for `dst`.
-        held.hold(switch, dst, view, queue, 0);
-        held.round.held += 1;
-        return;
-    }
-    if let Some(out) = switch.send(&route, queue, ctx, OnFull::Return) {
-        if out.path == Path::Dropped(DropReason::RxQueueFull) {
-            held.hold(switch, dst, view, queue, out.sent);
-            held.round.held += 1;
+        0
+    } else {
+        match switch.send(&route, queue, ctx, OnFull::Return) {
+            Some(out) if out.path == Path::Dropped(DropReason::RxQueueFull) => out.sent,
+            _ => return false,
         }
-    }
+    };
+    held.round.held += 1;
+    held.hold(switch, dst, view, queue, sent)
 }
 
 #[cfg(test)]

@@ -140,7 +140,10 @@ fn read_loop<D: UplinkDevice>(
                 // Only room is waited for, HOLD_PAUSE at most since the last read
                 // (room for any guest rings too); when it comes, the held frames go
                 // first (the retry at the top), then the queue is read.
-                let since = *pause_since.get_or_insert_with(Instant::now);
+                let since = *pause_since.get_or_insert_with(|| {
+                    up.stats.rx_pauses.fetch_add(1, Ordering::Relaxed);
+                    Instant::now()
+                });
                 let left = HOLD_PAUSE.saturating_sub(since.elapsed());
                 if left.is_zero() {
                     Ok(())
@@ -449,7 +452,11 @@ fn handle_frame<D: UplinkDevice>(
     up.stats.tx(bytes.len() - hl);
     match Frame::from_device(hdr, &parts) {
         Ok(frame) if !up.admit(frame.wire_len()) => up.stats.drop(DropReason::RateLimited),
-        Ok(frame) => forward_holding(switch, Endpoint::Uplink(id), queue, &frame, ctx, held),
+        Ok(frame) => {
+            if forward_holding(switch, Endpoint::Uplink(id), queue, &frame, ctx, held) {
+                up.stats.rx_held.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         Err(reason) => up.stats.drop(reason),
     }
 }
