@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "guest-tests"))
 
 from harness import xen  # noqa: E402
+from harness.gsonet import counters_delta  # noqa: E402
 
 PATHS = ("dom0_to_domu", "domu_to_dom0")
 # The vif's counters shown per GB for gsonet's runs: frames each way, notifications
@@ -32,12 +33,12 @@ PATHS = ("dom0_to_domu", "domu_to_dom0")
 VIF_COUNTERS = ("rx_frames", "tx_frames", "rx_calls", "tx_calls", "rx_kicks", "tx_kicks")
 
 
-def vif_counters(snap: dict | None) -> dict[str, float]:
+def vif_stats(snap: dict | None) -> dict | None:
     """The connected vif's counters in one stats snapshot (the A/B runs one domU)."""
     for port in (snap or {}).get("ports", []):
         if port.get("connected") and port.get("name", "").startswith("vif"):
-            return {k: float(port["stats"].get(k, 0)) for k in VIF_COUNTERS}
-    return {}
+            return port["stats"]
+    return None
 
 
 def main() -> int:
@@ -106,11 +107,12 @@ def main() -> int:
                     cpu.append((num(f"{key}.cpu_dom0") or 0) / gb)
                     ctxt.append((num(f"{key}.dom0_ctxt") or 0) / gb)
                     first = PATHS.index(path)
-                    a = vif_counters(run.stats.get(f"ab.{name}.r{r}.s{first}"))
-                    b = vif_counters(run.stats.get(f"ab.{name}.r{r}.s{first + 1}"))
+                    a = vif_stats(run.stats.get(f"ab.{name}.r{r}.s{first}"))
+                    b = vif_stats(run.stats.get(f"ab.{name}.r{r}.s{first + 1}"))
                     if a and b:
+                        moved = counters_delta(a, b)
                         for k in VIF_COUNTERS:
-                            counts[k].append((b[k] - a[k]) / gb)
+                            counts[k].append(moved.get(k, 0) / gb)
             if not rates:
                 print(f"  {name:<12} no result")
                 continue
