@@ -166,7 +166,8 @@ pub struct Held {
 /// Where the frames of one read round went, for `Held::pause_reads`.
 #[derive(Default)]
 struct Round {
-    /// Frames held this round.
+    /// Frames this round found their destination full (held, or dropped at the
+    /// hold bounds).
     held: usize,
     /// Unicast destinations that took a frame this round (at most ROUND_DSTS).
     took: Vec<Endpoint>,
