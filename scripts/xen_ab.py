@@ -3,12 +3,13 @@
 variants take turns serving a fresh domU (XT rounds of each), iperf3 both ways.
 
     python3 scripts/xen_ab.py NAME=BINARY[:VAR=VALUE...] ... [kernel] [--rounds 2]
-        [--seconds 5] [--streams N]
+        [--seconds 5] [--streams N] [--domus 2]
 
 A variant may set environment variables for its gsonet (NAME=BINARY:VAR=1). The
 variant `kernel` is Linux's xen-netback with the domU's vif on a bridge holding dom0's
 address, taking its turns like the others: the ratio to it is measured round by
-round in one boot, not once.
+round in one boot, not once. With --domus 2, each turn boots two domUs and measures
+domU 1 -> domU 2 only.
 
 Prints Mbit/s per round and the mean ratio of each variant to the first, with dom0's
 CPU seconds and context switches per GB, and for gsonet's runs the vif's frames,
@@ -27,18 +28,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "guest-tests"))
 from harness import xen  # noqa: E402
 from harness.gsonet import counters_delta  # noqa: E402
 
-PATHS = ("dom0_to_domu", "domu_to_dom0")
-# The vif's counters shown per GB for gsonet's runs: frames each way, notifications
-# gsonet sent (rx_calls: RX responses, tx_calls: TX responses), events it took.
+# The vifs' counters shown per GB for gsonet's runs (summed over its vifs): frames
+# each way, notifications gsonet sent (rx_calls: RX responses, tx_calls: TX
+# responses), events it took.
 VIF_COUNTERS = ("rx_frames", "tx_frames", "rx_calls", "tx_calls", "rx_kicks", "tx_kicks")
 
 
 def vif_stats(snap: dict | None) -> dict | None:
-    """The connected vif's counters in one stats snapshot (the A/B runs one domU)."""
-    for port in (snap or {}).get("ports", []):
-        if port.get("connected") and port.get("name", "").startswith("vif"):
-            return port["stats"]
-    return None
+    """The connected vifs' counters in one stats snapshot, summed."""
+    vifs = [port["stats"] for port in (snap or {}).get("ports", [])
+            if port.get("connected") and port.get("name", "").startswith("vif")]
+    if not vifs:
+        return None
+    return {k: sum(v.get(k, 0) for v in vifs) for k in VIF_COUNTERS}
 
 
 def main() -> int:
@@ -48,7 +50,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=int, default=5, help="iperf3 seconds per run")
     ap.add_argument("--streams", type=int, default=1, help="parallel TCP streams (iperf3 -P)")
+    ap.add_argument("--domus", type=int, choices=(1, 2), default=1,
+                    help="2: measure domU 1 -> domU 2 instead of dom0 <-> domU")
     args = ap.parse_args()
+    paths = ("domu_to_domu",) if args.domus == 2 else ("dom0_to_domu", "domu_to_dom0")
     variants = []
     for v in args.variants:
         if v == "kernel":
@@ -67,7 +72,7 @@ def main() -> int:
     xen.build_rig()
     names = " ".join(n for n, _, _ in variants)
     script = xen.scenario("gsonet-ab", XT_VARIANTS=names, XT_ROUNDS=args.rounds,
-                          XT_SECONDS=args.seconds,
+                          XT_SECONDS=args.seconds, XT_DOMUS=args.domus,
                           XT_IPERF_ARGS=f"-P {args.streams}" if args.streams > 1 else "")
     files: dict[str, bytes | str] = {}
     for n, p, env in variants:
@@ -80,7 +85,7 @@ def main() -> int:
     if not builds:
         ap.error("at least one gsonet build (NAME=BINARY)")
     run = xen.XenRig("ab", script, gsonet_bin=builds[0], files=files,
-                     timeout=600 + 200 * args.rounds * len(variants)).run()
+                     timeout=600 + 200 * args.domus * args.rounds * len(variants)).run()
 
     def num(key: str) -> float | None:
         try:
@@ -91,7 +96,7 @@ def main() -> int:
     print(f"\nXen rig A/B, one boot ({run.seconds:.0f} s), iperf3 {args.seconds} s,"
           f" {args.streams} stream(s)")
     means: dict[tuple[str, str], float] = {}
-    for path in PATHS:
+    for path in paths:
         print(f"\n{path}: Mbit/s per round | dom0 CPU s/GB | dom0 ctx switches/GB")
         for name, _, _ in variants:
             rates, cpu, ctxt = [], [], []
@@ -106,7 +111,7 @@ def main() -> int:
                 if gb > 0:
                     cpu.append((num(f"{key}.cpu_dom0") or 0) / gb)
                     ctxt.append((num(f"{key}.dom0_ctxt") or 0) / gb)
-                    first = PATHS.index(path)
+                    first = paths.index(path)
                     a = vif_stats(run.stats.get(f"ab.{name}.r{r}.s{first}"))
                     b = vif_stats(run.stats.get(f"ab.{name}.r{r}.s{first + 1}"))
                     if a and b:
@@ -127,7 +132,7 @@ def main() -> int:
     print()
     for name, _, _ in variants[1:]:
         cells = []
-        for path in PATHS:
+        for path in paths:
             a, b = means.get((base, path)), means.get((name, path))
             cells.append(f"{path} {b / a:.2f}x" if a and b else f"{path} -")
         print(f"{name} / {base}: " + ", ".join(cells))
