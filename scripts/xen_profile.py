@@ -189,6 +189,7 @@ def report(data: dict, top: int) -> None:
         return names[i] if i >= 0 else "(kernel, no symbols)"
 
     print(f"\nconsole: {data['console'] or '?'}")
+    busy: dict[str, tuple[collections.Counter, float]] = {}
     for key, raw in data["samples"].items():
         run_key = key.split(" [")[0]
         c = collections.Counter()
@@ -215,6 +216,39 @@ def report(data: dict, top: int) -> None:
         print("   " + ", ".join(f"{g} {100 * n / total:.1f}%" for g, n in groups.most_common()))
         for w, n in c.most_common(top):
             print(f"   {100 * n / total:5.1f}%  {w}")
+        if gb:
+            busy[key] = (c, float(mbps) / 1000)
+    compare(busy, top)
+
+
+def compare(busy: dict[str, tuple[collections.Counter, float]], top: int) -> None:
+    """For each run of gsonet that has a kernel netback twin (same path and vCPU):
+    busy samples per Gbit/s moved, side by side, and the functions whose share
+    differs most. Samples come at a fixed rate, so this is CPU time per byte: what
+    gsonet spends more (or less) than the kernel netback for the same traffic."""
+    for key, (g, g_rate) in busy.items():
+        if not key.startswith("gsonet."):
+            continue
+        twin = busy.get("kernel." + key[len("gsonet."):])
+        if twin is None:
+            continue
+        k, k_rate = twin
+
+        def per_gbit(c: collections.Counter, rate: float) -> dict[str, float]:
+            return {w: n / rate for w, n in c.items() if w != "(halted)"}
+
+        gp, kp = per_gbit(g, g_rate), per_gbit(k, k_rate)
+        diffs = sorted(((gp.get(w, 0) - kp.get(w, 0), w) for w in set(gp) | set(kp)),
+                       reverse=True)
+        print(f"\n== {key[len('gsonet.'):]}: busy samples per Gbit/s, gsonet / kernel netback:"
+              f" {sum(gp.values()):.0f} / {sum(kp.values()):.0f}")
+        shown = diffs[:top // 2] + [None] + diffs[-(top // 4):]
+        for row in shown:
+            if row is None:
+                print("   ... gsonet spends less on:")
+                continue
+            d, w = row
+            print(f"   {d:+7.1f}  ({gp.get(w, 0):6.1f} / {kp.get(w, 0):6.1f})  {w}")
 
 
 def main() -> int:
