@@ -131,7 +131,6 @@ def test_domu_destroy_create_reboot(xen_gsonet):
     assert new_vif["rx_frames"] > 0, new_vif
 
 
-@pytest.mark.full
 def test_two_domus_tso_intact(xen_gsonet, record_measurement):
     """Two domUs, each vif named by `--xen-vif domid=D,devid=0`: domU1 -> domU2 TSO
     frames reach domU2 intact (gso_passed, never segmented); md5 domU1 -> domU2."""
