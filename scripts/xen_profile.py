@@ -242,7 +242,9 @@ def compare(busy: dict[str, tuple[collections.Counter, float]], top: int) -> Non
                        reverse=True)
         print(f"\n== {key[len('gsonet.'):]}: busy samples per Gbit/s, gsonet / kernel netback:"
               f" {sum(gp.values()):.0f} / {sum(kp.values()):.0f}")
-        shown = diffs[:top // 2] + [None] + diffs[-(top // 4):]
+        head = diffs[:top // 2]
+        # The tail starts after the head: no row twice, and none at all for top < 4.
+        shown = head + [None] + diffs[max(len(head), len(diffs) - top // 4):]
         for row in shown:
             if row is None:
                 print("   ... gsonet spends less on:")
