@@ -25,7 +25,7 @@ use clap::Parser;
 use gsonet::netif::{self, TxRequest};
 use gsonet::sys::xen::evtchn::EvtchnDev;
 use gsonet::sys::xen::gntalloc::GrantedPages;
-use gsonet::sys::xen::gntdev::SharedPage;
+use gsonet::sys::xen::shared_page::SharedPage;
 use gsonet::sys::xen::xenstore::Xenstore;
 
 #[derive(Parser)]

@@ -112,6 +112,26 @@ def elf_symbols(binary: str) -> tuple[list[int], list[str]]:
     return [a for a, _ in syms], [n for _, n in syms]
 
 
+def library_symbols(path: str) -> tuple[list[int], list[str]]:
+    """A library's function symbols by address: the rig copies the host's libraries
+    gsonet needs to the same paths in dom0, so the host's file names them. Its
+    detached debug symbols (e.g. libc6-dbg, found by build id) when installed, which
+    name the IFUNC variants (memmove's) the dynamic table lacks; else that table."""
+    if not Path(path).is_file():
+        return [], []
+    notes = subprocess.run(["readelf", "-n", path], capture_output=True, text=True).stdout
+    m = re.search(r"Build ID: ([0-9a-f]{2})([0-9a-f]+)", notes)
+    debug = Path(f"/usr/lib/debug/.build-id/{m.group(1)}/{m.group(2)}.debug") if m else None
+    if debug is not None and debug.is_file():
+        return elf_symbols(str(debug))
+    out = subprocess.run(["nm", "-D", "-C", "--defined-only", path],
+                         capture_output=True, text=True).stdout
+    syms = sorted((int(a, 16), n) for a, k, n in
+                  (l.split(" ", 2) for l in out.splitlines() if l.count(" ") >= 2)
+                  if k.lower() in ("t", "i"))
+    return [a for a, _ in syms], [n for _, n in syms]
+
+
 def kallsyms(text: str) -> tuple[list[int], list[str]]:
     """The text symbols dom0 sent (XT-KALLSYMS lines), sorted by address."""
     blob = "".join(l.split(" ", 1)[1] for l in text.splitlines()
@@ -166,6 +186,7 @@ def report(data: dict, top: int) -> None:
     maps = user_symbols(console)
     bin_addrs, bin_names = elf_symbols(data["gsonet_bin"])
     segments = elf_segments(data["gsonet_bin"])
+    libs: dict[str, tuple[tuple[list[int], list[str]], list[tuple[int, int, int]]]] = {}
 
     def user(rip: int, run_key: str) -> str:
         for lo, hi, off, path in maps.get(run_key, []):
@@ -174,7 +195,12 @@ def report(data: dict, top: int) -> None:
                     at = file_to_addr(segments, rip - lo + off)
                     i = bisect.bisect_right(bin_addrs, at) - 1
                     return f"gsonet:{bin_names[i]}" if i >= 0 else "gsonet:?"
-                return f"(user) {path.rsplit('/', 1)[-1]}"
+                name = path.rsplit('/', 1)[-1]
+                if path not in libs:
+                    libs[path] = (library_symbols(path), elf_segments(path))
+                (lib_addrs, lib_names), lib_segments = libs[path]
+                i = bisect.bisect_right(lib_addrs, file_to_addr(lib_segments, rip - lo + off)) - 1
+                return f"{name}:{lib_names[i]}" if i >= 0 else f"(user) {name}"
         return "(user)"
 
     def where(rip, run_key: str) -> str:

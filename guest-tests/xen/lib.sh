@@ -206,6 +206,11 @@ kernel_netback() {
 # gsonet_start ARGS...: /xt/gsonet serve ARGS with a control socket, in the background
 # (log /tmp/gsonet.log); waits until it answers `gsonet stats`.
 gsonet_start() {
+    # gsonet grants its copy buffers to dom0 itself (docs/xen.md): about 2.5k pages
+    # per vif and tap queue, above gntalloc's default limit of 1024
+    # (XT_GNTALLOC_LIMIT: another limit, e.g. one too low)
+    [ -w /sys/module/xen_gntalloc/parameters/limit ] &&
+        echo "${XT_GNTALLOC_LIMIT:-65536}" > /sys/module/xen_gntalloc/parameters/limit
     RUST_LOG=gsonet=info /xt/gsonet serve --control "$GSONET_CTL" "$@" > /tmp/gsonet.log 2>&1 &
     GSONET_PID=$!
     local i=0
@@ -216,6 +221,12 @@ gsonet_start() {
     done
     cat /tmp/gsonet.log
     fail "gsonet serve $* did not start"
+}
+
+# granted_maps: how many buffers gsonet maps from /dev/xen/gntalloc (its copy
+# buffers granted to dom0 itself: each tap queue's arena, each vif's TX buffer).
+granted_maps() {
+    grep -c /dev/xen/gntalloc /proc/"$GSONET_PID"/maps
 }
 
 # worker_nices: the nice value of each of gsonet's vif worker threads (vifD.N),

@@ -993,6 +993,10 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         .collect::<io::Result<_>>()
         .map_err(DaemonError::Timer)?;
     let most_pairs = cfg.ports.iter().map(|p| p.queues).max().unwrap_or(1);
+    if !cfg.xen_vifs.is_empty() {
+        // Before the uplinks' read arenas are made: Xen copies from them.
+        super::xen::buffers::want_granted();
+    }
     let opened = cfg
         .uplinks
         .iter()

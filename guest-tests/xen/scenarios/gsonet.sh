@@ -4,7 +4,8 @@
 # --xen-vif domid=D,devid=0 per domU, gsonet started after they exist); XT_MD5_MIB
 # (0: none); XT_OFFLOADS=1 (tso/gso off, then sg off, in domU 1); XT_RECREATE=1
 # (xl destroy + xl create domU 1); XT_REBOOT=1 (domU 1 reboots itself); XT_NOGSO2=1
-# (domU 2's netfront says feature-gso-tcpv4=0, see prewire_vif).
+# (domU 2's netfront says feature-gso-tcpv4=0, see prewire_vif); XT_GNTALLOC_LIMIT
+# (gntalloc's limit, see gsonet_start).
 # Results: gsonet.* (Mbit/s, ok), stats snapshots XT-STATS <tag>.
 . /xt/lib.sh
 S=${XT_SECONDS:-5}
@@ -50,6 +51,8 @@ wait_domu $ip1 300 || fail "gdomU1 does not answer through gsonet"
 [ "$NDOM" = 2 ] && { wait_domu $ip2 300 || fail "gdomU2 does not answer through gsonet"; }
 result gsonet.ping "$(ping -c3 -W2 $ip1 >/dev/null && echo ok || echo lost)"
 result gsonet.worker_nice "$(worker_nices)"
+result gsonet.granted_maps "$(granted_maps)"
+grep -q "cannot grant copy buffers" /tmp/gsonet.log && result gsonet.granted_refused yes
 gsonet_stats start
 measure gsonet.dom0_to_domu_mbps iperf_mbps -c $ip1 -t "$S" $XT_IPERF_ARGS
 gsonet_stats after_dom0_to_domu

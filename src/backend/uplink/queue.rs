@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex, Weak};
 use crate::backend::switch::backpressure::{Held, RoomWaiter};
 use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::Switch;
+use crate::backend::xen::buffers::copy_buffer;
 use crate::sys::uring::Ring;
+use crate::sys::xen::granted::CopyBuf;
 use crate::vnet_hdr::HDR_LEN;
 
 /// Room for one frame read from a device: header, the largest frame, a VLAN tag
@@ -27,7 +29,7 @@ pub(super) const ARENA: usize = 1 << 20;
 /// the queue's reader thread, or a sender (`reap_queue`, `serve_queue`).
 pub struct QueueReader {
     /// Where a batch's frames are read, one after another (`ARENA` bytes).
-    pub(super) buf: Vec<u8>,
+    pub(super) buf: CopyBuf,
     pub(super) ctx: DeliverCtx,
     pub(super) held: Held,
     pub(super) failures: u32,
@@ -54,7 +56,7 @@ pub enum BatchedReads {
 impl Default for QueueReader {
     fn default() -> QueueReader {
         QueueReader {
-            buf: vec![0u8; ARENA],
+            buf: copy_buffer(ARENA, "uplink read arena"),
             ctx: DeliverCtx::default(),
             held: Held::default(),
             failures: 0,

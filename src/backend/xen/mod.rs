@@ -4,6 +4,7 @@
 //! `vif` is the port (RX: frames for the netfront, grant-copied in batches), `tx` the
 //! worker thread of one connection (TX ring -> switch). docs/xen.md says more.
 
+pub mod buffers;
 pub mod tx;
 pub mod vif;
 pub mod xenbus;

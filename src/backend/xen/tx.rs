@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
+use super::buffers::copy_buffer;
 use super::vif::{Conn, VifPort};
 use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::{stable, Endpoint, Switch, SwitchUplink};
@@ -23,6 +24,7 @@ use crate::stats::DropReason;
 use crate::sys::io::poll_any;
 use crate::sys::sched::set_thread_nice;
 use crate::sys::xen::gntdev::CopyOp;
+use crate::sys::xen::granted::CopyBuf;
 
 /// Packets copied per grant-copy ioctl.
 const BATCH: usize = 64;
@@ -82,7 +84,7 @@ struct Worker {
     req_cons: u32,
     rsp_prod: u32,
     broken: bool,
-    buf: Vec<u8>,
+    buf: CopyBuf,
     ops: Vec<CopyOp>,
     status: Vec<i16>,
     batch: Vec<Pending>,
@@ -99,7 +101,7 @@ pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, switch: Arc<Switch>) {
         req_cons: 0,
         rsp_prod: 0,
         broken: false,
-        buf: vec![0u8; BUF],
+        buf: copy_buffer(BUF, "vif TX buffer"),
         ops: Vec::new(),
         status: Vec::new(),
         batch: Vec::new(),

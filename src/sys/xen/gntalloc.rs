@@ -1,6 +1,7 @@
-//! `/dev/xen/gntalloc`: pages of our own granted to another domain, as a frontend
-//! shares its rings and buffers. gsonet's netback never needs it; the Xen rig's
-//! hostile netfront (examples/xen_netfront.rs) does, to play a guest inside dom0.
+//! `/dev/xen/gntalloc`: pages of our own granted to a domain, as a frontend shares its
+//! rings and buffers. The Xen rig's hostile netfront (examples/xen_netfront.rs) plays
+//! a guest inside dom0 with them; gsonet's netback grants its copy buffers to its own
+//! domain with them (`granted`), so grant copies name them by ref.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -8,21 +9,22 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::ptr::NonNull;
 
-use super::gntdev::SharedPage;
+use super::shared_page::SharedPage;
 use super::{ioc_none, DomId, GrantRef, PAGE_SIZE};
 use crate::sys::check;
 
-/// Pages allocated by one call (kept small: a netfront's rings and a few buffers).
-pub const MAX_PAGES: usize = 64;
+/// Pages allocated by one call, at most. The module's `limit` parameter bounds what
+/// all its users hold together (1024 pages by default).
+pub const MAX_PAGES: usize = 1 << 16;
 
-/// `struct ioctl_gntalloc_alloc_gref` with room for MAX_PAGES grant refs.
+/// `struct ioctl_gntalloc_alloc_gref` without its trailing refs (`count` of them
+/// follow it in the same buffer).
 #[repr(C)]
 struct AllocGref {
     domid: u16,
     flags: u16,
     count: u32,
     index: u64,
-    gref_ids: [u32; MAX_PAGES],
 }
 
 const GNTALLOC_FLAG_WRITABLE: u16 = 1;
@@ -34,9 +36,16 @@ const IOCTL_GNTALLOC_ALLOC_GREF: libc::c_ulong = ioc_none(b'G', 5, 24);
 pub struct GrantedPages {
     _file: File,
     base: NonNull<u8>,
+    len: usize,
     pages: Vec<SharedPage>,
     grefs: Vec<GrantRef>,
 }
+
+// SAFETY: the mapping is plain memory owned by the value; accesses go through
+// SharedPage (atomic) or through `granted::GrantedBuf`, which borrows it.
+unsafe impl Send for GrantedPages {}
+// SAFETY: as above: `&GrantedPages` hands out only SharedPages and addresses.
+unsafe impl Sync for GrantedPages {}
 
 impl GrantedPages {
     pub fn alloc(dom: DomId, count: usize) -> io::Result<GrantedPages> {
@@ -51,22 +60,33 @@ impl GrantedPages {
             .write(true)
             .custom_flags(libc::O_CLOEXEC)
             .open("/dev/xen/gntalloc")?;
-        let mut arg = AllocGref {
+        // The header, then room for `count` refs, in one 8-byte aligned buffer.
+        let head = std::mem::size_of::<AllocGref>();
+        let mut arg = vec![0u64; (head + 4 * count).div_ceil(8)];
+        let header = AllocGref {
             domid: dom,
             flags: GNTALLOC_FLAG_WRITABLE,
             count: count as u32,
             index: 0,
-            gref_ids: [0; MAX_PAGES],
         };
-        // SAFETY: the kernel reads the header and writes `count` refs into gref_ids,
-        // which has room for MAX_PAGES >= count; the struct lives across the call.
+        // SAFETY: `arg` is 8-aligned and longer than the header.
+        unsafe { arg.as_mut_ptr().cast::<AllocGref>().write(header) };
+        // SAFETY: the kernel reads the header and writes `count` refs after it, for
+        // which `arg` has room; the buffer lives across the call.
         check(unsafe {
             libc::ioctl(
                 file.as_raw_fd(),
                 IOCTL_GNTALLOC_ALLOC_GREF,
-                &mut arg as *mut AllocGref,
+                arg.as_mut_ptr(),
             )
         })?;
+        // SAFETY: the header, as the kernel left it (with `index` set).
+        let index = unsafe { arg.as_ptr().cast::<AllocGref>().read() }.index;
+        // SAFETY: the `count` refs after the header, all within `arg`.
+        let refs = unsafe {
+            std::slice::from_raw_parts(arg.as_ptr().cast::<u8>().add(head).cast::<u32>(), count)
+        };
+        let grefs = refs.to_vec();
         let len = count * PAGE_SIZE;
         // SAFETY: maps the pages the ioctl allocated at `index`; checked below.
         let p = unsafe {
@@ -76,7 +96,7 @@ impl GrantedPages {
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 file.as_raw_fd(),
-                arg.index as libc::off_t,
+                index as libc::off_t,
             )
         };
         if p == libc::MAP_FAILED {
@@ -94,9 +114,25 @@ impl GrantedPages {
         Ok(GrantedPages {
             _file: file,
             base,
+            len,
             pages,
-            grefs: arg.gref_ids[..count].to_vec(),
+            grefs,
         })
+    }
+
+    /// The first byte of the pages, which lie one after another.
+    pub fn base(&self) -> NonNull<u8> {
+        self.base
+    }
+
+    /// Bytes mapped: the number of pages times PAGE_SIZE.
+    pub fn bytes(&self) -> usize {
+        self.len
+    }
+
+    /// The grant ref of each page, in order.
+    pub fn grefs(&self) -> &[GrantRef] {
+        &self.grefs
     }
 
     pub fn page(&self, i: usize) -> &SharedPage {
@@ -110,10 +146,9 @@ impl GrantedPages {
 
 impl Drop for GrantedPages {
     fn drop(&mut self) {
-        let len = self.pages.len() * PAGE_SIZE;
         self.pages.clear();
         // SAFETY: unmaps exactly the mapping `alloc` made; no SharedPage is left.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), len) };
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
     }
 }
 
@@ -125,7 +160,7 @@ mod tests {
     fn ioctl_layout_matches_the_kernel_header() {
         // domid, flags, count, index, then the refs: the first at offset 16.
         assert_eq!(std::mem::offset_of!(AllocGref, index), 8);
-        assert_eq!(std::mem::offset_of!(AllocGref, gref_ids), 16);
+        assert_eq!(std::mem::size_of::<AllocGref>(), 16);
         assert_eq!(IOCTL_GNTALLOC_ALLOC_GREF, 0x0018_4705);
     }
 }

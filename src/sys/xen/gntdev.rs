@@ -7,9 +7,10 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
 
+use super::granted::{self, OWN_DOMAIN};
+use super::shared_page::SharedPage;
 use super::{ioc_none, DomId, GrantRef, PAGE_SIZE};
 use crate::sys::check;
 
@@ -173,43 +174,19 @@ impl Gntdev {
         if ops.is_empty() {
             return Ok(());
         }
-        let mut segs = Vec::with_capacity(ops.len());
-        for op in ops {
-            let end = op.local_off.checked_add(usize::from(op.len));
-            if end.is_none_or(|e| e > buf_len)
-                || usize::from(op.guest_off) + usize::from(op.len) > PAGE_SIZE
-            {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "copy out of bounds",
-                ));
-            }
-            // The address stays within `buf` (checked above; for copy_out_at `buf` is all
-            // of memory); it is only handed to the kernel.
-            let local = base.wrapping_add(op.local_off) as u64;
-            let remote = foreign(op.gref, op.guest_off, op.dom);
-            segs.push(CopySegment {
-                source: [if inward { remote } else { local }],
-                dest: [if inward { local } else { remote }],
-                len: op.len,
-                flags: if inward {
-                    GNTCOPY_SOURCE_GREF
-                } else {
-                    GNTCOPY_DEST_GREF
-                },
-                status: 0,
-                pad: 0,
-            });
-        }
+        let (mut segs, owner) =
+            granted::with_lookup(|lookup| segments(base as usize, buf_len, ops, inward, lookup))?;
         let mut arg = GrantCopy {
             count: segs.len() as u32,
             segments: segs.as_mut_ptr(),
         };
-        // SAFETY: for copies into our memory (copy_in), every segment's local address
-        // lies within the caller's buffer (checked above), borrowed mutably for the
-        // whole call. Copies toward a grant only read local memory (gntdev pins the
-        // pages and fails a segment whose address is not mapped), so no address can
-        // make the kernel write to us. The segment array lives across the call.
+        // SAFETY: for copies into our memory (copy_in), every segment's local bytes
+        // lie within the caller's buffer (checked by `segments`), borrowed mutably for the
+        // whole call: given by address, or by the ref and offset of exactly those
+        // bytes in our own granted page. Copies toward a grant only read local memory
+        // (gntdev pins the pages and fails a segment whose address is not mapped), so
+        // no address can make the kernel write to us. The segment array lives across
+        // the call.
         check(unsafe {
             libc::ioctl(
                 self.file.as_raw_fd(),
@@ -217,70 +194,72 @@ impl Gntdev {
                 &mut arg as *mut GrantCopy,
             )
         })?;
-        status.extend(segs.iter().map(|s| s.status));
+        op_status(&segs, &owner, ops.len(), status);
         Ok(())
     }
 }
 
-/// A page shared with another domain (a ring): the other side writes it at any
-/// time, so it is only read and written through volatile and atomic accesses, never
-/// as a Rust slice.
-pub struct SharedPage {
-    ptr: NonNull<u8>,
+/// The ioctl's segments for `ops` (`local_off` relative to `base`, within
+/// `buf_len`), and the op each segment belongs to: bytes of ours that `lookup` names
+/// by grant (a buffer granted to ourselves) go by ref, one segment per page of ours
+/// they touch (a grant is one page); others go by address, which gntdev splits.
+fn segments(
+    base: usize,
+    buf_len: usize,
+    ops: &[CopyOp],
+    inward: bool,
+    lookup: &dyn Fn(usize) -> Option<(GrantRef, u16)>,
+) -> io::Result<(Vec<CopySegment>, Vec<usize>)> {
+    let mut segs = Vec::with_capacity(ops.len());
+    let mut owner = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        let end = op.local_off.checked_add(usize::from(op.len));
+        if end.is_none_or(|e| e > buf_len)
+            || usize::from(op.guest_off) + usize::from(op.len) > PAGE_SIZE
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "copy out of bounds",
+            ));
+        }
+        let local = base.wrapping_add(op.local_off);
+        let mut done = 0usize;
+        while done < usize::from(op.len) {
+            let at = local.wrapping_add(done);
+            let left = usize::from(op.len) - done;
+            let remote = foreign(op.gref, op.guest_off + done as u16, op.dom);
+            let (ours, len, flags) = match lookup(at) {
+                Some((gref, off)) => (
+                    foreign(gref, off, OWN_DOMAIN),
+                    left.min(PAGE_SIZE - usize::from(off)),
+                    GNTCOPY_SOURCE_GREF | GNTCOPY_DEST_GREF,
+                ),
+                None if inward => (at as u64, left, GNTCOPY_SOURCE_GREF),
+                None => (at as u64, left, GNTCOPY_DEST_GREF),
+            };
+            segs.push(CopySegment {
+                source: [if inward { remote } else { ours }],
+                dest: [if inward { ours } else { remote }],
+                len: len as u16,
+                flags,
+                status: 0,
+                pad: 0,
+            });
+            owner.push(i);
+            done += len;
+        }
+    }
+    Ok((segs, owner))
 }
 
-// SAFETY: the page is plain shared memory; all accesses are atomic.
-unsafe impl Send for SharedPage {}
-// SAFETY: as above; concurrent accesses are the ring protocol's business.
-unsafe impl Sync for SharedPage {}
-
-impl SharedPage {
-    /// SAFETY: `ptr` is a page-aligned mapping of PAGE_SIZE bytes that outlives the
-    /// value.
-    pub(super) unsafe fn new(ptr: NonNull<u8>) -> SharedPage {
-        SharedPage { ptr }
-    }
-
-    fn at32(&self, off: usize) -> &AtomicU32 {
-        assert!(
-            off.is_multiple_of(4) && off + 4 <= PAGE_SIZE,
-            "ring offset {off}"
-        );
-        // SAFETY: aligned, in bounds (asserted), and the page lives as long as self.
-        unsafe { &*self.ptr.as_ptr().add(off).cast::<AtomicU32>() }
-    }
-
-    /// Reads a ring index (acquire: what the other side wrote before it is visible).
-    pub fn load(&self, off: usize) -> u32 {
-        self.at32(off).load(Ordering::Acquire)
-    }
-
-    /// Writes a ring index (release: what we wrote before it is visible first).
-    pub fn store(&self, off: usize, v: u32) {
-        self.at32(off).store(v, Ordering::Release)
-    }
-
-    /// Copies `out.len()` bytes at `off` (4-aligned) out of the page.
-    pub fn read(&self, off: usize, out: &mut [u8]) {
-        for (i, chunk) in out.chunks_mut(4).enumerate() {
-            let w = self.at32(off + 4 * i).load(Ordering::Relaxed).to_le_bytes();
-            chunk.copy_from_slice(&w[..chunk.len()]);
+/// Each of `ops` ops' status into `status`: its first failed segment's, else 0.
+fn op_status(segs: &[CopySegment], owner: &[usize], ops: usize, status: &mut Vec<i16>) {
+    status.clear();
+    status.resize(ops, 0);
+    for (seg, &i) in segs.iter().zip(owner) {
+        if status[i] == 0 {
+            status[i] = seg.status;
         }
-    }
-
-    /// Writes `bytes` at `off` (4-aligned); a last partial word is zero-padded.
-    pub fn write(&self, off: usize, bytes: &[u8]) {
-        for (i, c) in bytes.chunks(4).enumerate() {
-            let mut w = [0u8; 4];
-            w[..c.len()].copy_from_slice(c);
-            self.at32(off + 4 * i)
-                .store(u32::from_le_bytes(w), Ordering::Relaxed);
-        }
-    }
-
-    /// A full barrier between our index writes and the other side's event index reads.
-    pub fn full_fence(&self) {
-        fence(Ordering::SeqCst);
     }
 }
 
@@ -319,5 +298,104 @@ mod tests {
         assert_eq!(IOCTL_GNTDEV_MAP_GRANT_REF, 0x0018_4700);
         // ref in the low 32 bits, then offset, then domid.
         assert_eq!(foreign(7, 0x10, 3), 0x0003_0010_0000_0007);
+    }
+
+    /// Two pages of ours at 0x10000 granted to ourselves as refs 100 and 101.
+    fn granted_at_0x10000(addr: usize) -> Option<(GrantRef, u16)> {
+        (0x10000..0x12000).contains(&addr).then(|| {
+            (
+                100 + ((addr - 0x10000) / PAGE_SIZE) as u32,
+                (addr % PAGE_SIZE) as u16,
+            )
+        })
+    }
+
+    fn op(local_off: usize, len: u16, guest_off: u16) -> CopyOp {
+        CopyOp {
+            dom: 5,
+            gref: 9,
+            guest_off,
+            len,
+            local_off,
+        }
+    }
+
+    #[test]
+    fn bytes_of_ours_granted_to_ourselves_go_by_ref_one_segment_per_page() {
+        // Out of a granted buffer, straddling its two pages: two segments, both
+        // sides by ref, the guest's offset advancing with the first one's length.
+        let (segs, owner) = segments(
+            0,
+            usize::MAX,
+            &[op(0x10f00, 0x300, 0x40)],
+            false,
+            &granted_at_0x10000,
+        )
+        .unwrap();
+        assert_eq!(owner, vec![0, 0]);
+        assert_eq!(segs.len(), 2);
+        assert_eq!(segs[0].source[0], foreign(100, 0xf00, OWN_DOMAIN));
+        assert_eq!(segs[0].dest[0], foreign(9, 0x40, 5));
+        assert_eq!(segs[0].len, 0x100);
+        assert_eq!(segs[1].source[0], foreign(101, 0, OWN_DOMAIN));
+        assert_eq!(segs[1].dest[0], foreign(9, 0x140, 5));
+        assert_eq!(segs[1].len, 0x200);
+        for s in &segs {
+            assert_eq!(s.flags, GNTCOPY_SOURCE_GREF | GNTCOPY_DEST_GREF);
+        }
+        // Into it (offsets relative to a base): the guest is the source.
+        let (segs, _) = segments(
+            0x10000,
+            0x2000,
+            &[op(0x20, 0x80, 0)],
+            true,
+            &granted_at_0x10000,
+        )
+        .unwrap();
+        assert_eq!(segs.len(), 1);
+        assert_eq!(segs[0].source[0], foreign(9, 0, 5));
+        assert_eq!(segs[0].dest[0], foreign(100, 0x20, OWN_DOMAIN));
+    }
+
+    #[test]
+    fn an_op_fails_when_any_of_its_segments_does() {
+        let mut segs = segments(
+            0,
+            usize::MAX,
+            &[op(0x10f00, 0x300, 0), op(0x10000, 4, 0)],
+            false,
+            &granted_at_0x10000,
+        )
+        .unwrap();
+        let (segs, owner) = (&mut segs.0, segs.1);
+        segs[1].status = -1; // the first op's second page
+        let mut status = vec![7];
+        op_status(segs, &owner, 2, &mut status);
+        assert_eq!(status, vec![-1, 0]);
+    }
+
+    #[test]
+    fn other_bytes_go_by_address_whole_and_ops_outside_the_buffer_are_refused() {
+        let ops = [op(0x30f00, 0x300, 0), op(0x11000, 0x10, 0)];
+        let (segs, owner) = segments(0, usize::MAX, &ops, false, &granted_at_0x10000).unwrap();
+        assert_eq!(owner, vec![0, 1]);
+        assert_eq!(segs[0].source[0], 0x30f00, "by address, not split");
+        assert_eq!((segs[0].len, segs[0].flags), (0x300, GNTCOPY_DEST_GREF));
+        assert_eq!(segs[1].source[0], foreign(101, 0, OWN_DOMAIN));
+        let (segs, _) = segments(
+            0x40000,
+            0x1000,
+            &[op(0x10, 0x20, 0)],
+            true,
+            &granted_at_0x10000,
+        )
+        .unwrap();
+        assert_eq!(
+            (segs[0].dest[0], segs[0].flags),
+            (0x40010, GNTCOPY_SOURCE_GREF)
+        );
+        // Past the caller's buffer, or past the guest's page: nothing is copied.
+        assert!(segments(0, 0x1000, &[op(0xff0, 0x20, 0)], true, &|_| None).is_err());
+        assert!(segments(0, usize::MAX, &[op(0, 0x20, 0xff0)], false, &|_| None).is_err());
     }
 }

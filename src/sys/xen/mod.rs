@@ -1,11 +1,14 @@
 //! The Xen device files a userspace netback needs in dom0: grant copies and ring
-//! mappings (`gntdev`), interdomain event channels (`evtchn`), and the xenstore wire
-//! protocol (`xenstore`); and for the rig's test netfront, pages of our own granted
-//! out (`gntalloc`).
+//! mappings (`gntdev`, the ring pages `shared_page`), interdomain event channels
+//! (`evtchn`), the xenstore wire protocol (`xenstore`), and pages of our own granted
+//! out (`gntalloc`): to ourselves as copy buffers (`granted`), and to dom0 by the
+//! rig's test netfront.
 
 pub mod evtchn;
 pub mod gntalloc;
 pub mod gntdev;
+pub mod granted;
+pub mod shared_page;
 pub mod xenstore;
 
 /// A Xen domain id.
