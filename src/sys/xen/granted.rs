@@ -7,7 +7,9 @@
 //!
 //! Every such buffer is listed, while it lives, in a process-wide table that
 //! `gntdev`'s copies consult for each local address. Only our own domain holds
-//! these grants, so the pages are ours alone, as any other buffer.
+//! these grants, so the pages are ours alone, as any other buffer. (A netfront
+//! names its grants with its own domain id, so no guest can reach them; a frontend
+//! inside dom0 itself could, but dom0 can do anything to us anyway.)
 
 use std::io;
 use std::ops::{Deref, DerefMut};
