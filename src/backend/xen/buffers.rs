@@ -34,8 +34,8 @@ pub fn copy_buffer(len: usize, what: &str) -> CopyBuf {
             buffer = what,
             pages = len.div_ceil(4096),
             "cannot grant copy buffers to our own domain ({e}): grant copies pin their \
-             pages instead, which costs dom0 more per byte; load xen_gntalloc and raise \
-             /sys/module/xen_gntalloc/parameters/limit (docs/xen.md)"
+             pages instead, which costs dom0 more per byte (docs/xen.md: xen_gntalloc \
+             and its limit)"
         ),
         Some(e) => debug!(buffer = what, "copy buffer not granted: {e}"),
     }

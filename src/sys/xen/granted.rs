@@ -13,6 +13,7 @@
 
 use std::io;
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::RwLock;
 
 use super::gntalloc::GrantedPages;
@@ -30,6 +31,33 @@ struct Listed {
 
 static LISTED: RwLock<Vec<Listed>> = RwLock::new(Vec::new());
 
+/// Pages all listed buffers may hold together: 64 MiB, half of the 32768 grant
+/// refs of a dom0 grant table at Xen's default size, so the rest of dom0 keeps refs
+/// of its own. Past it, buffers are refused (and callers use plain memory).
+pub const MAX_GRANTED_PAGES: usize = 16384;
+
+/// Pages reserved for listed buffers (or about to be), at most MAX_GRANTED_PAGES.
+static RESERVED: AtomicUsize = AtomicUsize::new(0);
+
+/// Takes `n` pages of the budget, or says why not.
+fn reserve(n: usize) -> io::Result<()> {
+    RESERVED
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+            held.checked_add(n).filter(|&t| t <= MAX_GRANTED_PAGES)
+        })
+        .map(|_| ())
+        .map_err(|held| {
+            io::Error::other(format!(
+                "{n} more pages would pass gsonet's own cap of {MAX_GRANTED_PAGES} granted \
+                 pages ({held} held)"
+            ))
+        })
+}
+
+fn unreserve(n: usize) {
+    RESERVED.fetch_sub(n, Ordering::Relaxed);
+}
+
 /// Bytes in whole pages granted to our own domain, listed while the value lives.
 pub struct GrantedBuf {
     pages: GrantedPages,
@@ -38,7 +66,9 @@ pub struct GrantedBuf {
 impl GrantedBuf {
     /// At least `len` bytes (rounded up to pages), zeroed.
     pub fn new(len: usize) -> io::Result<GrantedBuf> {
-        let pages = GrantedPages::alloc(OWN_DOMAIN, len.div_ceil(PAGE_SIZE).max(1))?;
+        let n = len.div_ceil(PAGE_SIZE).max(1);
+        reserve(n)?;
+        let pages = GrantedPages::alloc(OWN_DOMAIN, n).inspect_err(|_| unreserve(n))?;
         let start = pages.base().as_ptr() as usize;
         LISTED
             .write()
@@ -59,6 +89,7 @@ impl Drop for GrantedBuf {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|l| l.start != start);
+        unreserve(self.pages.bytes() / PAGE_SIZE);
     }
 }
 
@@ -136,4 +167,28 @@ pub(super) fn with_lookup<R>(f: impl FnOnce(&dyn Fn(usize) -> Option<(GrantRef, 
         Some((l.grefs[off / PAGE_SIZE], (off % PAGE_SIZE) as u16))
     };
     f(&lookup)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_budget_refuses_past_its_cap_and_gives_back() {
+        // The only test touching the budget (no gntalloc here: nothing else takes it).
+        reserve(MAX_GRANTED_PAGES - 10).unwrap();
+        let e = reserve(11).unwrap_err();
+        assert!(e.to_string().contains("cap of 16384"), "{e}");
+        reserve(10).unwrap();
+        assert!(reserve(1).is_err());
+        unreserve(MAX_GRANTED_PAGES);
+        reserve(1).unwrap();
+        unreserve(1);
+    }
+
+    #[test]
+    fn an_address_outside_every_listed_buffer_is_named_by_address() {
+        let v = [0u8; 64];
+        assert_eq!(with_lookup(|l| l(v.as_ptr() as usize)), None);
+    }
 }
