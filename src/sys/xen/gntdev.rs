@@ -174,7 +174,7 @@ impl Gntdev {
         if ops.is_empty() {
             return Ok(());
         }
-        let (mut segs, owner) =
+        let mut segs =
             granted::with_lookup(|lookup| segments(base as usize, buf_len, ops, inward, lookup))?;
         let mut arg = GrantCopy {
             count: segs.len() as u32,
@@ -194,25 +194,25 @@ impl Gntdev {
                 &mut arg as *mut GrantCopy,
             )
         })?;
-        op_status(&segs, &owner, ops.len(), status);
+        op_status(&segs, ops, status);
         Ok(())
     }
 }
 
 /// The ioctl's segments for `ops` (`local_off` relative to `base`, within
-/// `buf_len`), and the op each segment belongs to: bytes of ours that `lookup` names
-/// by grant (a buffer granted to ourselves) go by ref, one segment per page of ours
-/// they touch (a grant is one page); others go by address, which gntdev splits.
+/// `buf_len`), each op's one after another, at least one per op, their lengths
+/// adding up to the op's: bytes of ours that `lookup` names by grant (a buffer
+/// granted to ourselves) go by ref, one segment per page of ours they touch (a grant
+/// is one page); others go by address, whole, which gntdev splits.
 fn segments(
     base: usize,
     buf_len: usize,
     ops: &[CopyOp],
     inward: bool,
     lookup: &dyn Fn(usize) -> Option<(GrantRef, u16)>,
-) -> io::Result<(Vec<CopySegment>, Vec<usize>)> {
+) -> io::Result<Vec<CopySegment>> {
     let mut segs = Vec::with_capacity(ops.len());
-    let mut owner = Vec::with_capacity(ops.len());
-    for (i, op) in ops.iter().enumerate() {
+    for op in ops {
         let end = op.local_off.checked_add(usize::from(op.len));
         if end.is_none_or(|e| e > buf_len)
             || usize::from(op.guest_off) + usize::from(op.len) > PAGE_SIZE
@@ -224,7 +224,7 @@ fn segments(
         }
         let local = base.wrapping_add(op.local_off);
         let mut done = 0usize;
-        while done < usize::from(op.len) {
+        loop {
             let at = local.wrapping_add(done);
             let left = usize::from(op.len) - done;
             let remote = foreign(op.gref, op.guest_off + done as u16, op.dom);
@@ -245,22 +245,33 @@ fn segments(
                 status: 0,
                 pad: 0,
             });
-            owner.push(i);
             done += len;
+            if done >= usize::from(op.len) {
+                break;
+            }
         }
     }
-    Ok((segs, owner))
+    Ok(segs)
 }
 
-/// Each of `ops` ops' status into `status`: its first failed segment's, else 0.
-fn op_status(segs: &[CopySegment], owner: &[usize], ops: usize, status: &mut Vec<i16>) {
+/// Each op's status into `status`: its first failed segment's, else 0 (`segs` as
+/// `segments` made them for `ops`).
+fn op_status(segs: &[CopySegment], ops: &[CopyOp], status: &mut Vec<i16>) {
     status.clear();
-    status.resize(ops, 0);
-    for (seg, &i) in segs.iter().zip(owner) {
-        if status[i] == 0 {
-            status[i] = seg.status;
+    let mut next = segs.iter();
+    status.extend(ops.iter().map(|op| {
+        let (mut first_failed, mut covered) = (0, 0usize);
+        for seg in next.by_ref() {
+            if first_failed == 0 {
+                first_failed = seg.status;
+            }
+            covered += usize::from(seg.len);
+            if covered >= usize::from(op.len) {
+                break;
+            }
         }
-    }
+        first_failed
+    }));
 }
 
 /// A guest page mapped into gsonet (a shared ring), unmapped on drop.
@@ -324,7 +335,7 @@ mod tests {
     fn bytes_of_ours_granted_to_ourselves_go_by_ref_one_segment_per_page() {
         // Out of a granted buffer, straddling its two pages: two segments, both
         // sides by ref, the guest's offset advancing with the first one's length.
-        let (segs, owner) = segments(
+        let segs = segments(
             0,
             usize::MAX,
             &[op(0x10f00, 0x300, 0x40)],
@@ -332,7 +343,6 @@ mod tests {
             &granted_at_0x10000,
         )
         .unwrap();
-        assert_eq!(owner, vec![0, 0]);
         assert_eq!(segs.len(), 2);
         assert_eq!(segs[0].source[0], foreign(100, 0xf00, OWN_DOMAIN));
         assert_eq!(segs[0].dest[0], foreign(9, 0x40, 5));
@@ -344,7 +354,7 @@ mod tests {
             assert_eq!(s.flags, GNTCOPY_SOURCE_GREF | GNTCOPY_DEST_GREF);
         }
         // Into it (offsets relative to a base): the guest is the source.
-        let (segs, _) = segments(
+        let segs = segments(
             0x10000,
             0x2000,
             &[op(0x20, 0x80, 0)],
@@ -367,22 +377,42 @@ mod tests {
             &granted_at_0x10000,
         )
         .unwrap();
-        let (segs, owner) = (&mut segs.0, segs.1);
         segs[1].status = -1; // the first op's second page
+        let ops = [op(0x10f00, 0x300, 0), op(0x10000, 4, 0)];
         let mut status = vec![7];
-        op_status(segs, &owner, 2, &mut status);
+        op_status(&segs, &ops, &mut status);
         assert_eq!(status, vec![-1, 0]);
+        // The second op's own segment fails, the first op's are done.
+        segs[1].status = 0;
+        segs[2].status = -3;
+        op_status(&segs, &ops, &mut status);
+        assert_eq!(status, vec![0, -3]);
+    }
+
+    #[test]
+    fn an_empty_op_is_still_one_segment_with_its_own_status() {
+        // As before buffers were granted: the grant is still checked.
+        for lookup in [&granted_at_0x10000 as &dyn Fn(usize) -> _, &|_| None] {
+            let ops = [op(0x10100, 0, 0), op(0x10200, 8, 0)];
+            let mut segs = segments(0, usize::MAX, &ops, true, lookup).unwrap();
+            assert_eq!(segs.len(), 2);
+            assert_eq!(segs[0].len, 0);
+            segs[0].status = -1;
+            let mut status = Vec::new();
+            op_status(&segs, &ops, &mut status);
+            assert_eq!(status, vec![-1, 0]);
+        }
     }
 
     #[test]
     fn other_bytes_go_by_address_whole_and_ops_outside_the_buffer_are_refused() {
         let ops = [op(0x30f00, 0x300, 0), op(0x11000, 0x10, 0)];
-        let (segs, owner) = segments(0, usize::MAX, &ops, false, &granted_at_0x10000).unwrap();
-        assert_eq!(owner, vec![0, 1]);
+        let segs = segments(0, usize::MAX, &ops, false, &granted_at_0x10000).unwrap();
+        assert_eq!(segs.len(), 2, "one segment per op");
         assert_eq!(segs[0].source[0], 0x30f00, "by address, not split");
         assert_eq!((segs[0].len, segs[0].flags), (0x300, GNTCOPY_DEST_GREF));
         assert_eq!(segs[1].source[0], foreign(101, 0, OWN_DOMAIN));
-        let (segs, _) = segments(
+        let segs = segments(
             0x40000,
             0x1000,
             &[op(0x10, 0x20, 0)],
