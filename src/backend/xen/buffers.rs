@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tracing::{debug, warn};
 
 use crate::sys::xen::granted::CopyBuf;
+use crate::sys::xen::PAGE_SIZE;
 
 static WANTED: AtomicBool = AtomicBool::new(false);
 static REFUSED: AtomicBool = AtomicBool::new(false);
@@ -32,7 +33,7 @@ pub fn copy_buffer(len: usize, what: &str) -> CopyBuf {
         ),
         Some(e) if !REFUSED.swap(true, Ordering::Relaxed) => warn!(
             buffer = what,
-            pages = len.div_ceil(4096),
+            pages = len.div_ceil(PAGE_SIZE),
             "cannot grant copy buffers to our own domain ({e}): grant copies pin their \
              pages instead, which costs dom0 more per byte (docs/xen.md: xen_gntalloc \
              and its limit)"

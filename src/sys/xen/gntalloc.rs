@@ -36,7 +36,6 @@ const IOCTL_GNTALLOC_ALLOC_GREF: libc::c_ulong = ioc_none(b'G', 5, 24);
 pub struct GrantedPages {
     _file: File,
     base: NonNull<u8>,
-    len: usize,
     pages: Vec<SharedPage>,
     grefs: Vec<GrantRef>,
 }
@@ -114,7 +113,6 @@ impl GrantedPages {
         Ok(GrantedPages {
             _file: file,
             base,
-            len,
             pages,
             grefs,
         })
@@ -127,7 +125,7 @@ impl GrantedPages {
 
     /// Bytes mapped: the number of pages times PAGE_SIZE.
     pub fn bytes(&self) -> usize {
-        self.len
+        self.grefs.len() * PAGE_SIZE
     }
 
     /// The grant ref of each page, in order.
@@ -148,7 +146,7 @@ impl Drop for GrantedPages {
     fn drop(&mut self) {
         self.pages.clear();
         // SAFETY: unmaps exactly the mapping `alloc` made; no SharedPage is left.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.bytes()) };
     }
 }
 

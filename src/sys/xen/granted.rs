@@ -130,10 +130,6 @@ impl CopyBuf {
             Err(e) => (CopyBuf::plain(len), Some(e)),
         }
     }
-
-    pub fn is_granted(&self) -> bool {
-        matches!(self, CopyBuf::Granted(_))
-    }
 }
 
 impl Deref for CopyBuf {
