@@ -98,15 +98,17 @@ def file_to_addr(segments: list[tuple[int, int, int]], off: int) -> int:
     return off
 
 
-def elf_symbols(binary: str) -> tuple[list[int], list[str]]:
-    """A binary's function symbols (demangled, hashes dropped), by address."""
-    out = subprocess.run(["nm", "-C", "--defined-only", binary],
+def elf_symbols(binary: str, dynamic: bool = False) -> tuple[list[int], list[str]]:
+    """A binary's function symbols (demangled, hashes dropped), by address; with
+    ``dynamic``, those of its dynamic table only (a stripped library's)."""
+    out = subprocess.run(["nm", "-C", "--defined-only", *(["-D"] if dynamic else []), binary],
                          capture_output=True, text=True).stdout
     syms = []
     for line in out.splitlines():
         addr, _, rest = line.partition(" ")
         kind, _, name = rest.partition(" ")
-        if kind.lower() == "t" and addr:
+        # t: code; i: an IFUNC (a library's memmove, resolved to a variant at load)
+        if kind.lower() in ("t", "i") and addr:
             syms.append((int(addr, 16), re.sub(r"::h[0-9a-f]{16}$", "", name)))
     syms.sort()
     return [a for a, _ in syms], [n for _, n in syms]
@@ -124,12 +126,7 @@ def library_symbols(path: str) -> tuple[list[int], list[str]]:
     debug = Path(f"/usr/lib/debug/.build-id/{m.group(1)}/{m.group(2)}.debug") if m else None
     if debug is not None and debug.is_file():
         return elf_symbols(str(debug))
-    out = subprocess.run(["nm", "-D", "-C", "--defined-only", path],
-                         capture_output=True, text=True).stdout
-    syms = sorted((int(a, 16), n) for a, k, n in
-                  (l.split(" ", 2) for l in out.splitlines() if l.count(" ") >= 2)
-                  if k.lower() in ("t", "i"))
-    return [a for a, _ in syms], [n for _, n in syms]
+    return elf_symbols(path, dynamic=True)
 
 
 def kallsyms(text: str) -> tuple[list[int], list[str]]:
@@ -184,23 +181,24 @@ def report(data: dict, top: int) -> None:
     addrs, names = kallsyms(console)
     xen_addrs, xen_names = xen_symbols()
     maps = user_symbols(console)
-    bin_addrs, bin_names = elf_symbols(data["gsonet_bin"])
-    segments = elf_segments(data["gsonet_bin"])
-    libs: dict[str, tuple[tuple[list[int], list[str]], list[tuple[int, int, int]]]] = {}
+    # Per file gsonet maps: its symbols and LOAD segments (gsonet's own from the
+    # binary under test, a library's from the host's copy), read at first use.
+    files: dict[str, tuple[tuple[list[int], list[str]], list[tuple[int, int, int]]]] = {}
 
     def user(rip: int, run_key: str) -> str:
         for lo, hi, off, path in maps.get(run_key, []):
             if lo <= rip < hi:
-                if path.endswith("/gsonet"):
-                    at = file_to_addr(segments, rip - lo + off)
-                    i = bisect.bisect_right(bin_addrs, at) - 1
-                    return f"gsonet:{bin_names[i]}" if i >= 0 else "gsonet:?"
-                name = path.rsplit('/', 1)[-1]
-                if path not in libs:
-                    libs[path] = (library_symbols(path), elf_segments(path))
-                (lib_addrs, lib_names), lib_segments = libs[path]
-                i = bisect.bisect_right(lib_addrs, file_to_addr(lib_segments, rip - lo + off)) - 1
-                return f"{name}:{lib_names[i]}" if i >= 0 else f"(user) {name}"
+                own = path.endswith("/gsonet")
+                name = "gsonet" if own else path.rsplit('/', 1)[-1]
+                if path not in files:
+                    binary = data["gsonet_bin"] if own else path
+                    syms = elf_symbols(binary) if own else library_symbols(path)
+                    files[path] = (syms, elf_segments(binary))
+                (sym_addrs, sym_names), segments = files[path]
+                i = bisect.bisect_right(sym_addrs, file_to_addr(segments, rip - lo + off)) - 1
+                if i >= 0:
+                    return f"{name}:{sym_names[i]}"
+                return "gsonet:?" if own else f"(user) {name}"
         return "(user)"
 
     def where(rip, run_key: str) -> str:
