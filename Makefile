@@ -11,7 +11,7 @@ export GSONET_BIN
 # stays the user's own.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo env GSONET_BIN=$(GSONET_BIN))
 
-.PHONY: demo test test-full unit guest-tests bench setup build lint completions man
+.PHONY: demo test test-full unit guest-tests bench capacity setup build lint completions man
 
 setup:
 	$(SUDO) bash scripts/setup.sh
@@ -58,13 +58,28 @@ test-full: setup build unit
 # run), then the noisy-neighbour run (two honest guests, one attacker with each
 # attack of examples/attacker.rs in turn; NOISY_SECONDS, NOISY_REPEATS).
 # Then the Xen rig: gsonet vs the kernel netback vs QEMU's netback in one boot.
-# Results: results/bench-<timestamp>/, results/noisy-<timestamp>/, results/xen-bench-*.json.
+# Then the capacity benchmark (below).
+# Results: results/bench-<timestamp>/, results/noisy-<timestamp>/, results/xen-bench-*.json,
+# results/capacity-<timestamp>/.
 bench: setup build
 	$(CARGO) bench --bench segment
 	$(SUDO) python3 scripts/bench.py
 	$(CARGO) build --release --example attacker
 	$(SUDO) python3 scripts/noisy.py
 	$(SUDO) python3 scripts/xen_bench.py
+	-$(CARGO) build --release --example tso_loadgen
+	$(SUDO) python3 scripts/capacity.py $(CAPACITY_ARGS)
+
+# Capacity with fast frontends instead of TCG guests: one dpdk-testpmd (two
+# net_virtio_user ports) on CPU 0 loops frames through gsonet on CPU 1, next to
+# testpmd's vhost PMD; 64 B, 1518 B, 8 KB, 64 KB TSO (examples/tso_loadgen.rs), 2 queues,
+# idle CPU. CAPACITY_ROUNDS, CAPACITY_SECONDS (2 x 8 s); results/capacity-<timestamp>/.
+# dpdk-testpmd comes from `make setup`. Without tso_loadgen the 64 KB row says "not built".
+CAPACITY_ARGS ?= $(if $(CAPACITY_ROUNDS),--rounds $(CAPACITY_ROUNDS)) \
+	$(if $(CAPACITY_SECONDS),--seconds $(CAPACITY_SECONDS))
+capacity: build
+	-$(CARGO) build --release --example tso_loadgen
+	$(SUDO) python3 scripts/capacity.py $(CAPACITY_ARGS)
 
 lint:
 	$(CARGO) fmt --all -- --check
