@@ -101,6 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bursts", type=int, default=1,
                     help="bursts of 32 frames per port the frontend sends first "
                          "(start tx_first N; default 1)")
+    ap.add_argument("--nice", type=int, default=int(env_number("CAPACITY_NICE", -10)),
+                    help="nice value of the frontends and backends, so that other work on "
+                         "the machine takes less of their CPUs (env CAPACITY_NICE, "
+                         "default -10; 0 leaves it)")
     ap.add_argument("--idle-seconds", type=float, default=5.0,
                     help="the idle check's window (0 to skip; default 5)")
     ap.add_argument("--quick", action="store_true",
@@ -296,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args, logs: Path, bin_dir: Path) -> int:
+    cap.NICE = args.nice
     binaries = snapshot_binaries(args, bin_dir)
     backends = [lb for lb, _ in args.builds] + ([] if args.no_dpdk else ["dpdk"])
     cases = [(r, 1) for r in args.rows] + [(r, 2) for r in args.rows2q]
@@ -308,7 +313,8 @@ def run(args, logs: Path, bin_dir: Path) -> int:
         "host": platform.node(), "kernel": platform.release(), "git": git_head(),
         "binaries": binaries,
         "config": {"rounds": args.rounds, "seconds": args.seconds, "warmup": args.warmup,
-                   "bursts": args.bursts, "rows": args.rows, "rows2q": args.rows2q,
+                   "bursts": args.bursts, "nice": args.nice, "rows": args.rows,
+                   "rows2q": args.rows2q,
                    "testpmd": TESTPMD, "frontend_cpu": cap.FRONTEND_CPU,
                    "backend_cpu": cap.BACKEND_CPU, "macs": [cap.MAC0, cap.MAC1]},
         "runs": [], "idle": {}, "summary": [],
@@ -350,7 +356,8 @@ def run(args, logs: Path, bin_dir: Path) -> int:
         (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     text = [f"capacity: median of {args.rounds} x {args.seconds:g} s "
             f"(frontend testpmd/tso_loadgen on CPU {cap.FRONTEND_CPU}, backend on CPU "
-            f"{cap.BACKEND_CPU}); per 1k = per 1000 frames switched",
+            f"{cap.BACKEND_CPU}, both at nice {args.nice}); per 1k = per 1000 frames "
+            f"switched",
             table(cases, backends, summary)]
     if args.rows2q:
         text.append("2 queues / 1 queue (Mpps; frontend and backend still one CPU each):")

@@ -39,6 +39,12 @@ MAC1 = "02:00:00:ca:00:02"
 LOADGEN = os.environ.get("GSONET_TSO_LOADGEN",
                          str(REPO / "target" / "release" / "examples" / "tso_loadgen"))
 LOADGEN_BUILD = "cargo build --release --example tso_loadgen"
+# Nice value of the frontends and backends (0: as started). A negative one keeps other
+# work on a shared machine (builds) from taking a share of the two CPUs, which costs
+# a busy-polling backend more than one that sleeps. Each of them runs in a session of
+# its own, so with autogroup scheduling the value is set on its autogroup as well
+# (between autogroups only theirs counts).
+NICE = 0
 
 # name -> what the frontend sends: testpmd's txpkts (segment lengths of one frame),
 # or a frame size for tso_loadgen
@@ -57,6 +63,21 @@ class NotBuilt(HarnessError):
 # ---- processes -----------------------------------------------------------------
 
 
+def pinned(cpu: int) -> list[str]:
+    """The command prefix that runs a program on CPU ``cpu`` only, at NICE."""
+    return ["taskset", "-c", str(cpu)] + (["nice", "-n", str(NICE)] if NICE else [])
+
+
+def prioritise(pid: int | None) -> None:
+    """NICE for the autogroup of ``pid`` (a session leader the harness started)."""
+    if not NICE or pid is None:
+        return
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{NICE}\n")
+    except OSError:
+        pass  # no autogroup scheduling: nice alone applies
+
+
 class PinnedTestPmd(TestPmd):
     """TestPmd under ``taskset -c CPU`` with its lcores on that CPU too
     (``--lcores 0@CPU,1@CPU``: the prompt's lcore and one forwarding lcore)."""
@@ -71,7 +92,7 @@ class PinnedTestPmd(TestPmd):
         cmd = super().cmdline()
         i = cmd.index("-l")
         cmd[i:i + 2] = ["--lcores", self.lcores]
-        return ["taskset", "-c", str(self.cpu), *cmd]
+        return [*pinned(self.cpu), *cmd]
 
     def all_port_stats(self) -> dict[int, dict]:
         """``show port stats all``: {port: {"rx_packets": .., "rx_bytes": .., ...}}."""
@@ -108,7 +129,7 @@ class PinnedGsonet(Gsonet):
         self.cpu = cpu
 
     def cmdline(self) -> list[str]:
-        return ["taskset", "-c", str(self.cpu), *super().cmdline()]
+        return [*pinned(self.cpu), *super().cmdline()]
 
 
 def task_cpu_ns(pid: int) -> int:
@@ -217,6 +238,7 @@ class GsonetBackend:
 
     def start(self) -> "GsonetBackend":
         self.gs.start()
+        prioritise(self.pid)
         return self
 
     @property
@@ -271,6 +293,7 @@ class DpdkBackend:
 
     def start(self) -> "DpdkBackend":
         self.tp.start()
+        prioritise(self.pid)
         deadline = time.monotonic() + 15
         while not (os.path.exists(self.socks.a) and os.path.exists(self.socks.b)):
             if time.monotonic() > deadline:
@@ -408,6 +431,7 @@ def measure_testpmd(backend, row: dict, queues: int, *, seconds: float, warmup: 
     try:
         fe.start()
         try:
+            prioritise(fe.proc.pid if fe.proc else None)
             backend.wait_connected()
             for c in res["frontend_prompt"]:
                 out = fe.cmd(c)
@@ -437,7 +461,7 @@ def measure_testpmd(backend, row: dict, queues: int, *, seconds: float, warmup: 
 
 
 def loadgen_cmdline(socks: Sockets, size: int, seconds: float, warmup: float) -> list[str]:
-    return ["taskset", "-c", str(FRONTEND_CPU), LOADGEN, "--a", socks.a, "--b", socks.b,
+    return [*pinned(FRONTEND_CPU), LOADGEN, "--a", socks.a, "--b", socks.b,
             "--size", str(size), "--warmup", f"{warmup:g}", "--seconds", f"{seconds:g}",
             "--json"]
 
@@ -458,6 +482,7 @@ def measure_loadgen(backend, row: dict, *, seconds: float, warmup: float, socks:
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=log, text=True, start_new_session=True)
+        prioritise(proc.pid)
         time.sleep(max(0.0, warmup - 0.15))  # the window waits 0.2 s for perf
         with Window(backend, proc.pid, socks.dir) as w:
             end = time.monotonic() + seconds
