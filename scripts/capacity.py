@@ -200,9 +200,16 @@ def one(args, backend_label: str, row_name: str, queues: int, logs: Path) -> dic
         return {"error": str(e), "not_built": True}
     except cap.HarnessError as e:
         log(f"{backend_label} {row_name} q{queues}: {e}")
-        return {"error": str(e).splitlines()[0][:300], "detail": str(e)[-3000:]}
+        return {"error": brief(e), "detail": str(e)[-3000:]}
     finally:
         socks.close()
+
+
+def brief(e: Exception) -> str:
+    """An error's first line and, when it goes on, its last (a log's last words)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return text[:300]
 
 
 def median(runs: list[dict], key: str):
@@ -340,7 +347,7 @@ def run(args, logs: Path, bin_dir: Path) -> int:
                     results["idle"][label] = cap.measure_idle(
                         label, path, seconds=args.idle_seconds, log_dir=logs)
                 except cap.HarnessError as e:
-                    results["idle"][label] = {"error": str(e).splitlines()[0][:300]}
+                    results["idle"][label] = {"error": brief(e), "detail": str(e)[-3000:]}
     except KeyboardInterrupt:
         log("interrupted: processes stopped, partial results written")
         results["interrupted"] = True

@@ -427,8 +427,8 @@ def measure_testpmd(backend, row: dict, queues: int, *, seconds: float, warmup: 
     fe = frontend(socks, queues, log_dir)
     res: dict = {"backend_cmd": backend.cmdline(), "frontend_cmd": fe.cmdline(),
                  "frontend_prompt": loop_commands(row["txpkts"], bursts)}
-    backend.start()
     try:
+        backend.start()
         fe.start()
         try:
             prioritise(fe.proc.pid if fe.proc else None)
@@ -476,10 +476,10 @@ def measure_loadgen(backend, row: dict, *, seconds: float, warmup: float, socks:
         raise NotBuilt(f"not built ({LOADGEN_BUILD})")
     cmd = loadgen_cmdline(socks, row["loadgen"], seconds, warmup)
     res: dict = {"backend_cmd": backend.cmdline(), "frontend_cmd": cmd}
-    backend.start()
     proc = None
     log = open_log(f"loadgen-{backend.label}", ".log", log_dir, " ".join(cmd))
     try:
+        backend.start()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=log, text=True, start_new_session=True)
         prioritise(proc.pid)
@@ -518,8 +518,8 @@ def measure_idle(label: str, binary: str, *, seconds: float, log_dir: Path) -> d
     try:
         be = GsonetBackend(label, binary, socks, 1, log_dir)
         fe = frontend(socks, 1, log_dir)
-        be.start()
         try:
+            be.start()
             with fe:
                 be.wait_connected()
                 time.sleep(1.0)
