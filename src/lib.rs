@@ -6,7 +6,8 @@
 //! -> `backend`. Under all of them, `sys` holds every syscall and ioctl behind
 //! safe functions.
 //!
-//! `unsafe` is denied everywhere but in `sys` and the one SIMD call in `segment::csum`;
+//! `unsafe` is denied everywhere but in `sys`, `ring::host` (guest memory as the
+//! datapath copies it) and the one SIMD call in `segment::csum`;
 //! each unsafe block states its invariant in a `// SAFETY:` comment.
 
 #![deny(unsafe_code)]

@@ -2,7 +2,9 @@
 //! written into RX chains (MRG_RXBUF aware).
 
 pub mod guest_mem;
+pub mod host;
 pub mod rx;
+pub mod split;
 pub mod tx;
 
 pub use guest_mem::GuestMem;

@@ -5,11 +5,11 @@
 //! the used index moves once per frame, past all of its buffers.
 
 use thiserror::Error;
-use virtio_queue::desc::split::Descriptor;
-use virtio_queue::{QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress};
+use virtio_queue::QueueT;
 
-use super::guest_mem::{self, GuestMem};
+use super::guest_mem::{BadRange, GuestMem};
+use super::host::HostMem;
+use super::split::{head_is_indirect, walk_chain, Desc, SplitRing, WalkEnd};
 use crate::stats::DropReason;
 use crate::vnet_hdr::VirtioNetHdr;
 
@@ -18,9 +18,6 @@ use crate::vnet_hdr::VirtioNetHdr;
 pub const MAX_CHAINS_PER_FRAME: usize = 256;
 /// Most descriptors one frame may be written into (Linux's UIO_MAXIOV).
 pub const MAX_DESCS_PER_FRAME: usize = 1024;
-/// The used ring: flags and idx (2 bytes each), then 8-byte elements (virtio 1.x 2.7.8).
-const USED_RING_HEADER: u64 = 4;
-const USED_ELEM_SIZE: u64 = 8;
 
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
 pub enum RxError {
@@ -69,6 +66,8 @@ pub struct RxScratch {
     descs: Vec<(u64, usize)>,
     chains: Vec<(u16, usize)>, // head, number of descriptors
     written: Vec<usize>,
+    /// One chain as walked (at most a queue's worth of descriptors).
+    walk: Vec<Desc>,
 }
 
 impl RxScratch {
@@ -83,20 +82,12 @@ impl RxScratch {
     }
 }
 
-/// Whether the descriptor at the head of chain `head` points at an indirect table.
-fn head_is_indirect<Q: QueueT>(q: &Q, mem: &GuestMem, head: u16) -> bool {
-    let at = q.desc_table() + u64::from(head) * std::mem::size_of::<Descriptor>() as u64;
-    mem.read_obj::<Descriptor>(GuestAddress(at))
-        .map(|d| d.refers_to_indirect_table())
-        .unwrap_or(false)
-}
-
 /// Writes `hdr` (its first `fmt.hdr_len` bytes, with `num_buffers` filled in) and
 /// `parts` into the queue. Returns how many chains were used. The work is bounded
 /// whatever the guest posted: chains longer than the queue, indirect tables it did not
 /// negotiate and empty descriptors are malformed; a frame takes at most
 /// `MAX_CHAINS_PER_FRAME` chains and `MAX_DESCS_PER_FRAME` descriptors.
-pub fn write_frame<Q: QueueT + QueueOwnedT>(
+pub fn write_frame<Q: QueueT>(
     q: &mut Q,
     mem: &GuestMem,
     scratch: &mut RxScratch,
@@ -104,63 +95,118 @@ pub fn write_frame<Q: QueueT + QueueOwnedT>(
     fmt: RxFormat,
     parts: &[&[u8]],
 ) -> Result<usize, RxError> {
-    let need = fmt.hdr_len + parts.iter().map(|p| p.len()).sum::<usize>();
-    let max_chain = usize::from(q.size());
+    let hm = HostMem::new(mem);
+    let mut ring = SplitRing::of(q);
+    let r = write_frame_in(&mut ring, &hm, scratch, hdr, fmt, Source::Own(parts));
+    ring.store(q);
+    r
+}
+
+/// Where a frame's bytes (after the virtio_net_hdr) come from.
+#[derive(Clone, Copy)]
+pub enum Source<'a> {
+    /// gsonet's own memory.
+    Own(&'a [&'a [u8]]),
+    /// Another guest's memory: `head` (headers gsonet copied and checked, possibly
+    /// edited) then the rest straight from the sender's buffers, never staged.
+    Guest {
+        head: &'a [u8],
+        from: &'a HostMem<'a>,
+        pieces: &'a [(u64, u32)],
+    },
+}
+
+impl Source<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Source::Own(parts) => parts.iter().map(|p| p.len()).sum(),
+            Source::Guest { head, pieces, .. } => {
+                head.len() + pieces.iter().map(|p| p.1 as usize).sum::<usize>()
+            }
+        }
+    }
+}
+
+/// `write_frame` on a ring already taken out of its vring (`SplitRing`): claims
+/// chains, copies, and publishes the frame's used entries with one index store.
+pub fn write_frame_in(
+    ring: &mut SplitRing,
+    hm: &HostMem<'_>,
+    scratch: &mut RxScratch,
+    hdr: &VirtioNetHdr,
+    fmt: RxFormat,
+    src: Source<'_>,
+) -> Result<usize, RxError> {
+    let need = fmt.hdr_len + src.len();
     scratch.descs.clear();
     scratch.chains.clear();
+    let Some(mut avail) = ring.pending(hm) else {
+        return Err(RxError::BadChain);
+    };
 
     // Claim chains until they can hold the frame.
     let mut have = 0usize;
     while have < need {
         if scratch.chains.len() == MAX_CHAINS_PER_FRAME {
-            rewind(q, scratch.chains.len());
+            ring.unpop(scratch.chains.len() as u16);
             return Err(RxError::TooFragmented);
         }
-        let Some(chain) = q.pop_descriptor_chain(mem) else {
-            rewind(q, scratch.chains.len());
+        if avail == 0 {
+            ring.unpop(scratch.chains.len() as u16);
             return Err(RxError::NoBuffers);
+        }
+        avail -= 1;
+        let Some(head) = ring.pop(hm) else {
+            ring.unpop(scratch.chains.len() as u16);
+            return Err(RxError::BadChain);
         };
-        let head = chain.head_index();
         let start = scratch.descs.len();
+        scratch.walk.clear();
         let mut bad = None;
-        if !fmt.indirect && head_is_indirect(q, mem, head) {
+        if !fmt.indirect && head_is_indirect(hm, ring.desc, ring.size, head) {
             bad = Some(RxError::BadChain);
         } else {
-            for (n, d) in chain.enumerate() {
-                if n == max_chain || d.len() == 0 {
+            match walk_chain(
+                hm,
+                ring.desc,
+                ring.size,
+                head,
+                usize::from(ring.size),
+                &mut scratch.walk,
+            ) {
+                WalkEnd::Complete if !scratch.walk.is_empty() => {}
+                _ => bad = Some(RxError::BadChain),
+            }
+            for d in scratch.walk.iter() {
+                if bad.is_some() {
+                    break;
+                }
+                if d.len == 0 {
                     bad = Some(RxError::BadChain);
-                    break;
-                }
-                if !d.is_write_only() {
+                } else if !d.is_write_only() {
                     bad = Some(RxError::ReadableDescriptor);
-                    break;
-                }
-                if scratch.descs.len() == MAX_DESCS_PER_FRAME {
+                } else if scratch.descs.len() == MAX_DESCS_PER_FRAME {
                     // A good chain, but one too many for this frame: leave it posted.
                     scratch.descs.truncate(start);
-                    rewind(q, scratch.chains.len() + 1);
+                    ring.unpop(scratch.chains.len() as u16 + 1);
                     return Err(RxError::TooFragmented);
+                } else {
+                    scratch.descs.push((d.addr, d.len as usize));
+                    have += d.len as usize;
                 }
-                scratch.descs.push((d.addr().0, d.len() as usize));
-                have += d.len() as usize;
-            }
-            if bad.is_none() && scratch.descs.len() == start {
-                // No descriptor at all (a head outside the table, an unreadable
-                // indirect table): it can hold nothing, and a head outside the table
-                // can never be returned, so it must not count in num_buffers.
-                bad = Some(RxError::BadChain);
             }
         }
         if let Some(e) = bad {
-            // A malformed chain is returned unused; the frame is lost, the queue goes on.
+            // A malformed chain is returned unused; the frame is lost, the queue goes
+            // on. (A head outside the table can never be returned: it is skipped.)
             scratch.descs.truncate(start);
-            let _ = q.add_used(mem, head, 0);
-            return_unused(q, mem, &scratch.chains);
+            ring.put_used(hm, head, 0);
+            return_unused(ring, hm, &scratch.chains);
             return Err(e);
         }
         scratch.chains.push((head, scratch.descs.len() - start));
         if !fmt.mrg_rxbuf && have < need {
-            rewind(q, 1);
+            ring.unpop(1);
             return Err(RxError::BufferTooSmall { have, need });
         }
     }
@@ -168,106 +214,123 @@ pub fn write_frame<Q: QueueT + QueueOwnedT>(
     let mut out = *hdr;
     out.num_buffers = scratch.chains.len() as u16;
     let hdr_bytes = out.to_bytes();
-    let sources = std::iter::once(&hdr_bytes[..fmt.hdr_len]).chain(parts.iter().copied());
 
     // Copy, descriptor by descriptor, remembering how much each chain received.
     let RxScratch {
         descs,
         chains,
         written,
+        ..
     } = scratch;
     written.clear();
     written.resize(chains.len(), 0);
-    let mut chain_of_desc = chains
-        .iter()
-        .enumerate()
-        .flat_map(|(ci, &(_, n))| std::iter::repeat_n(ci, n));
-    let mut descs_iter = descs.iter();
-    let mut cur: Option<(u64, usize, usize)> = None; // addr, room left, chain index
-    for mut src in sources {
-        while !src.is_empty() {
-            let (addr, room, ci) = match cur {
-                Some(c) if c.1 > 0 => c,
-                _ => {
-                    let (Some(&(a, l)), Some(ci)) = (descs_iter.next(), chain_of_desc.next())
-                    else {
-                        unreachable!("capacity was checked above");
-                    };
-                    (a, l, ci)
-                }
-            };
-            let n = room.min(src.len());
-            if guest_mem::write(mem, addr, &src[..n]).is_err() {
-                return_unused(q, mem, chains);
-                return Err(RxError::BadAddress);
+    let mut dst = Filler {
+        descs: descs.iter(),
+        chain_of_desc: chains
+            .iter()
+            .enumerate()
+            .flat_map(|(ci, &(_, n))| std::iter::repeat_n(ci, n)),
+        cur: None,
+        written,
+    };
+    let copied = dst
+        .own(hm, &hdr_bytes[..fmt.hdr_len])
+        .and_then(|()| match src {
+            Source::Own(parts) => parts.iter().try_for_each(|p| dst.own(hm, p)),
+            Source::Guest { head, from, pieces } => {
+                dst.own(hm, head)?;
+                pieces
+                    .iter()
+                    .try_for_each(|&(a, l)| dst.guest(hm, from, a, l as usize))
             }
-            written[ci] += n;
-            src = &src[n..];
-            cur = Some((addr + n as u64, room - n, ci));
+        });
+    if copied.is_err() {
+        return_unused(ring, hm, chains);
+        return Err(RxError::BadAddress);
+    }
+    // Every entry first, then the index once, past all of them: the guest (or a
+    // gsonet killed mid-frame) never sees a frame with fewer buffers than its
+    // `num_buffers`.
+    let base = ring.next_used;
+    for (&(h, _), &w) in chains.iter().zip(written.iter()) {
+        if !ring.put_used(hm, h, w as u32) {
+            // The used ring is not writable guest memory: the queue is broken,
+            // nothing was published.
+            ring.next_used = base;
+            return Err(RxError::BadAddress);
         }
     }
-    let entries = chains
-        .iter()
-        .zip(written.iter())
-        .map(|(&(h, _), &w)| (h, w as u32));
-    if publish(q, mem, entries).is_err() {
-        // The used ring is not writable guest memory: the queue is broken, nothing
-        // was published.
+    if !ring.publish_used(hm) {
+        ring.next_used = base;
         return Err(RxError::BadAddress);
     }
     Ok(chains.len())
 }
 
-/// Puts one frame's chains on the used ring and moves the used index once, past all
-/// of them, so that the guest (or a gsonet killed mid-frame) never sees a frame with
-/// fewer buffers than its `num_buffers`.
-///
-/// virtio-queue counts used entries for EVENT_IDX only in `add_used`, which also
-/// publishes the index each time. So every entry is written first, then `add_used`
-/// is repeated on the last slot: the index moves straight to the frame's end and the
-/// count still grows by one per chain.
-fn publish<Q: QueueT>(
-    q: &mut Q,
-    mem: &GuestMem,
-    entries: impl ExactSizeIterator<Item = (u16, u32)>,
-) -> Result<(), ()> {
-    let n = entries.len() as u16;
-    let base = q.next_used();
-    let size = q.size();
-    let mut last = None;
-    for (i, (head, len)) in entries.enumerate() {
-        let slot = u64::from(base.wrapping_add(i as u16) % size);
-        let at = q
-            .used_ring()
-            .checked_add(USED_RING_HEADER + slot * USED_ELEM_SIZE);
-        let mut elem = [0u8; USED_ELEM_SIZE as usize];
-        elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
-        elem[4..].copy_from_slice(&len.to_le_bytes());
-        at.ok_or(())
-            .and_then(|a| mem.write_slice(&elem, GuestAddress(a)).map_err(|_| ()))?;
-        last = Some((head, len));
-    }
-    let Some((head, len)) = last else {
-        return Ok(());
-    };
-    for _ in 0..n {
-        q.set_next_used(base.wrapping_add(n - 1));
-        q.add_used(mem, head, len).map_err(|_| ())?;
-    }
-    Ok(())
+/// Walks the claimed RX descriptors while bytes are copied into them.
+struct Filler<'s, D, C> {
+    descs: D,
+    chain_of_desc: C,
+    /// addr, room left, chain index
+    cur: Option<(u64, usize, usize)>,
+    written: &'s mut Vec<usize>,
 }
 
-fn rewind<Q: QueueOwnedT>(q: &mut Q, n: usize) {
-    for _ in 0..n {
-        q.go_to_previous_position();
+impl<'s, D, C> Filler<'s, D, C>
+where
+    D: Iterator<Item = &'s (u64, usize)>,
+    C: Iterator<Item = usize>,
+{
+    /// The next stretch of room: (guest address, bytes), at most `want`.
+    fn room(&mut self, want: usize) -> (u64, usize) {
+        let (addr, room, ci) = match self.cur {
+            Some(c) if c.1 > 0 => c,
+            _ => {
+                let (Some(&(a, l)), Some(ci)) = (self.descs.next(), self.chain_of_desc.next())
+                else {
+                    unreachable!("capacity was checked before copying");
+                };
+                (a, l, ci)
+            }
+        };
+        let n = room.min(want);
+        self.written[ci] += n;
+        self.cur = Some((addr + n as u64, room - n, ci));
+        (addr, n)
+    }
+
+    fn own(&mut self, hm: &HostMem<'_>, mut src: &[u8]) -> Result<(), BadRange> {
+        while !src.is_empty() {
+            let (addr, n) = self.room(src.len());
+            hm.write(addr, &src[..n])?;
+            src = &src[n..];
+        }
+        Ok(())
+    }
+
+    fn guest(
+        &mut self,
+        hm: &HostMem<'_>,
+        from: &HostMem<'_>,
+        mut at: u64,
+        mut len: usize,
+    ) -> Result<(), BadRange> {
+        while len > 0 {
+            let (addr, n) = self.room(len);
+            hm.copy_from_guest(addr, from, at, n)?;
+            at += n as u64;
+            len -= n;
+        }
+        Ok(())
     }
 }
 
-/// Hands back claimed chains with nothing written.
-fn return_unused<Q: QueueT>(q: &mut Q, mem: &GuestMem, chains: &[(u16, usize)]) {
+/// Hands back claimed chains with nothing written, and publishes them.
+fn return_unused(ring: &mut SplitRing, hm: &HostMem<'_>, chains: &[(u16, usize)]) {
     for &(head, _) in chains {
-        let _ = q.add_used(mem, head, 0);
+        ring.put_used(hm, head, 0);
     }
+    ring.publish_used(hm);
 }
 
 #[cfg(test)]
@@ -534,7 +597,7 @@ mod tests {
         let mut q: Queue = mock.create_queue().unwrap();
         // A used ring whose first entry is the last thing in guest memory: a
         // two-buffer frame can write its first entry, not its second.
-        let used_at = 0x100000 - USED_RING_HEADER - USED_ELEM_SIZE;
+        let used_at = 0x100000 - 4 - 8;
         q.set_used_ring_address(Some(used_at as u32), Some(0));
         let r = put(&mut q, &m, &[&pattern(1500)], true);
         assert_eq!(r, Err(RxError::BadAddress));
@@ -562,8 +625,10 @@ mod tests {
             assert_eq!(idx, 3);
             let last: [u32; 2] = m.read_obj(GuestAddress(used_at + 4 + 2 * 8)).unwrap();
             assert_eq!(last, [2, 512]);
+            let ring = SplitRing::of(&q);
+            let since = std::num::Wrapping(0);
             assert_eq!(
-                q.needs_notification(&m).unwrap(),
+                ring.wants_call(&HostMem::new(&m), since),
                 call,
                 "used_event {used_event}"
             );

@@ -3,10 +3,10 @@
 //! writes into its buffers can change what gsonet checks, switches and sends.
 
 use thiserror::Error;
-use virtio_queue::desc::split::Descriptor;
-use vm_memory::{Bytes, GuestAddress};
 
-use super::guest_mem::{BadRange, GuestMem};
+use super::guest_mem::BadRange;
+use super::host::HostMem;
+use super::split::{walk_chain, Desc, SplitRing, WalkEnd};
 use crate::stats::DropReason;
 use crate::vnet_hdr::{HdrError, VirtioNetHdr, HDR_LEN};
 
@@ -59,60 +59,62 @@ impl From<&TxError> for DropReason {
     }
 }
 
-/// The buffer a TX worker copies chains into: room for the largest frame and header.
+/// The buffer a TX worker copies one chain into: room for the largest frame and header.
 pub fn tx_buffer() -> Vec<u8> {
     vec![0u8; MAX_FRAME + HDR_LEN]
 }
 
-/// Copies a TX chain whose virtio_net_hdr is `hdr_len` bytes (12, or 10 for a legacy
-/// guest without MRG_RXBUF) into `buf` (from [`tx_buffer`]). `descs` is the chain as
-/// walked by virtio-queue, which follows indirect tables but ends silently on a bad
-/// one, a bad next index or a loop: a last descriptor that still has NEXT set is how
-/// such a chain shows. A chain may not have more than `max_descs` (the queue size)
-/// descriptors. Lengths are checked before anything is copied into `buf`.
-pub fn read_chain<I>(
-    mem: &GuestMem,
-    descs: I,
-    hdr_len: usize,
-    max_descs: usize,
-    buf: &mut [u8],
-) -> Result<TxFrame, TxError>
-where
-    I: IntoIterator<Item = Descriptor>,
-{
+/// Checks a walked chain (`descs`, and how its walk ended) before anything is copied:
+/// no device-writable descriptor, no walk that broke off or went past `max_descs`
+/// (the queue size), at most `MAX_FRAME` bytes after the header. Returns its bytes.
+pub fn chain_bytes(descs: &[Desc], end: WalkEnd, max_descs: usize) -> Result<usize, TxError> {
+    if descs.len() > max_descs {
+        return Err(TxError::TooManyDescriptors);
+    }
     let mut total = 0usize;
-    let mut count = 0usize;
-    let mut last_has_next = false;
     for d in descs {
-        count += 1;
-        if count > max_descs {
-            return Err(TxError::TooManyDescriptors);
-        }
-        last_has_next = d.has_next();
         if d.is_write_only() {
             return Err(TxError::WritableDescriptor);
         }
-        let len = d.len() as usize;
-        let end = total + len;
-        if end > MAX_FRAME + HDR_LEN || end > buf.len() {
+        total += d.len as usize;
+        if total > MAX_FRAME + HDR_LEN {
             return Err(TxError::TooLong);
         }
-        mem.read_slice(&mut buf[total..end], GuestAddress(d.addr().0))
-            .map_err(|_| BadRange {
-                addr: d.addr().0,
-                len,
-            })?;
-        total = end;
     }
-    if last_has_next {
-        return Err(TxError::Broken);
+    match end {
+        WalkEnd::Complete => Ok(total),
+        // An unreadable descriptor table (or indirect table) ends the chain where it
+        // still points on, as a bad next index does.
+        WalkEnd::Broken | WalkEnd::Unreadable => Err(TxError::Broken),
+        WalkEnd::TooMany => Err(TxError::TooManyDescriptors),
     }
+}
+
+/// Copies a checked chain of `total` bytes (from [`chain_bytes`]) whose virtio_net_hdr
+/// is `hdr_len` bytes (12, or 10 for a legacy guest without MRG_RXBUF) into
+/// `buf[..total]`, and reads its header from that private copy.
+pub fn copy_chain(
+    hm: &HostMem<'_>,
+    descs: &[Desc],
+    total: usize,
+    hdr_len: usize,
+    buf: &mut [u8],
+) -> Result<TxFrame, TxError> {
     if total < hdr_len {
         return Err(TxError::Header(HdrError::Short(total)));
     }
     let len = total - hdr_len;
     if len < MIN_FRAME {
         return Err(TxError::TooShort(len));
+    }
+    if total > buf.len() {
+        return Err(TxError::TooLong);
+    }
+    let mut at = 0usize;
+    for d in descs {
+        let n = d.len as usize;
+        hm.read(d.addr, &mut buf[at..at + n])?;
+        at += n;
     }
     // A 10-byte legacy header has no num_buffers; the zero tail stands in for it.
     let mut raw = [0u8; HDR_LEN];
@@ -125,11 +127,30 @@ where
     })
 }
 
+/// Walks, checks and copies chain `head` of `ring` into `buf` (the two steps above,
+/// for callers that take one chain at a time). `walk` is scratch space.
+pub fn read_chain(
+    hm: &HostMem<'_>,
+    ring: &SplitRing,
+    head: u16,
+    hdr_len: usize,
+    walk: &mut Vec<Desc>,
+    buf: &mut [u8],
+) -> Result<TxFrame, TxError> {
+    walk.clear();
+    let max = usize::from(ring.size);
+    let end = walk_chain(hm, ring.desc, ring.size, head, max, walk);
+    let total = chain_bytes(walk, end, max)?;
+    copy_chain(hm, walk, total, hdr_len, buf)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ring::GuestMem;
     use crate::testkit::frames::pattern;
     use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use virtio_queue::desc::split::Descriptor;
     use vm_memory::{Bytes, GuestAddress};
 
     fn mem() -> GuestMem {
@@ -146,8 +167,24 @@ mod tests {
         descs: I,
         max: usize,
     ) -> Result<(TxFrame, Vec<u8>), TxError> {
+        let descs: Vec<Desc> = descs
+            .into_iter()
+            .map(|d| Desc {
+                addr: d.addr().0,
+                len: d.len(),
+                flags: d.flags(),
+                next: d.next(),
+            })
+            .collect();
+        // As a walk that stopped where the given descriptors end.
+        let end = if descs.last().is_some_and(|d| d.has_next()) {
+            WalkEnd::Broken
+        } else {
+            WalkEnd::Complete
+        };
         let mut buf = tx_buffer();
-        let f = read_chain(m, descs, HDR_LEN, max, &mut buf)?;
+        let total = chain_bytes(&descs, end, max)?;
+        let f = copy_chain(&HostMem::new(m), &descs, total, HDR_LEN, &mut buf)?;
         Ok((f, buf[f.start..f.start + f.len].to_vec()))
     }
 

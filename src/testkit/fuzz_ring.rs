@@ -16,8 +16,10 @@ use virtio_queue::desc::RawDescriptor;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
+use crate::ring::host::HostMem;
 use crate::ring::rx::{write_frame, RxError, RxFormat, RxScratch};
 use crate::ring::rx::{MAX_CHAINS_PER_FRAME, MAX_DESCS_PER_FRAME};
+use crate::ring::split::SplitRing;
 use crate::ring::tx::{read_chain, tx_buffer, TxError, MAX_FRAME, MIN_FRAME};
 use crate::ring::GuestMem;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
@@ -278,38 +280,58 @@ pub fn fuzz_one(data: &[u8]) {
     }
 }
 
-/// Every available chain through `read_chain`, checked against what the oracle reads.
+/// Every available chain taken by `SplitRing` and read by `read_chain`, checked
+/// against what the oracle (virtio-queue's walker) reads.
 fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
     let hdr_len = mode.hdr_len();
     let max_descs = usize::from(q.size());
     let mut buf = tx_buffer();
+    let mut walk = Vec::new();
+    let hm = HostMem::new(m);
+    let mut split = SplitRing::of(q);
     let chains = prewalk(ring, m, q.next_avail(), usize::from(q.size()) + 1);
+    let pending = split.pending(&hm);
+    assert_eq!(
+        pending.is_some(),
+        crate::ring::avail_in_range(q, m),
+        "the avail index check disagrees with virtio-queue's"
+    );
+    let Some(pending) = pending else { return };
+    assert_eq!(usize::from(pending), chains.len(), "chains available");
     for want in &chains {
-        let Some(chain) = q.pop_descriptor_chain(m) else {
-            panic!("the oracle saw chain {} that the queue does not", want.head);
-        };
-        assert_eq!(chain.head_index(), want.head);
+        let head = split.pop(&hm).expect("the avail ring is mapped");
+        assert_eq!(head, want.head);
         let descs = &want.descs;
         let total: u64 = descs.iter().map(|d| u64::from(d.len())).sum();
         // A sentinel right after what the chain holds: nothing may be written there.
         let sentinel = (total as usize).min(buf.len());
         let guard_end = (sentinel + 64).min(buf.len());
         buf[sentinel..guard_end].fill(0xa5);
-        let r = read_chain(m, chain, hdr_len, max_descs, &mut buf);
+        let r = read_chain(&hm, &split, head, hdr_len, &mut walk, &mut buf);
         assert!(
             buf[sentinel..guard_end].iter().all(|&b| b == 0xa5),
             "read_chain wrote past the chain's bytes"
         );
+        // The walk is virtio-queue's, up to where it stopped.
+        let same = walk.len().min(descs.len());
+        for (a, b) in walk[..same].iter().zip(&descs[..same]) {
+            assert_eq!(
+                (a.addr, a.len, a.flags, a.next),
+                (b.addr().0, b.len(), b.flags(), b.next())
+            );
+        }
         let too_many = descs.len() > max_descs;
         let writable = descs.iter().any(|d| d.is_write_only());
         let unmapped = descs
             .iter()
             .any(|d| !mapped(d.addr().0, u64::from(d.len())));
         let too_long = total > (MAX_FRAME + HDR_LEN) as u64;
-        let broken = descs.last().is_some_and(|d| d.has_next());
+        // A chain without a single descriptor is broken too.
+        let broken = descs.last().is_none_or(|d| d.has_next());
         match &r {
             Ok(f) => {
                 assert!(!too_many && !writable && !unmapped && !too_long && !broken);
+                assert_eq!(walk.len(), descs.len());
                 assert_eq!(f.start, hdr_len);
                 assert_eq!((f.start + f.len) as u64, total, "frame is not the chain");
                 assert!(f.len >= MIN_FRAME && f.len <= MAX_FRAME);
@@ -332,7 +354,7 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
                 assert!(!mapped(b.addr, b.len as u64));
             }
             Err(TxError::TooLong) => assert!(too_long),
-            Err(TxError::Broken) => assert!(broken),
+            Err(TxError::Broken) => assert!(broken, "{descs:?}"),
             Err(TxError::TooShort(n)) => {
                 assert_eq!((*n + hdr_len) as u64, total);
                 assert!(*n < MIN_FRAME);
@@ -346,10 +368,14 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
                 "{r:?}"
             );
         }
+        assert!(split.put_used(&hm, head, 0) || head >= split.size);
     }
-    assert!(
-        chains.len() > usize::from(q.size()) || q.pop_descriptor_chain(m).is_none(),
-        "the queue has a chain the oracle did not see"
+    assert!(split.publish_used(&hm));
+    split.store(q);
+    assert_eq!(
+        q.next_avail(),
+        q.next_used()
+            .wrapping_add(chains.iter().filter(|c| c.head >= q.size()).count() as u16)
     );
 }
 
@@ -357,6 +383,7 @@ fn well_formed(c: &Chain, fmt: RxFormat, size: u16) -> bool {
     (fmt.indirect || !c.head_indirect)
         && c.head < size
         && !c.descs.is_empty()
+        && c.descs.last().is_some_and(|d| !d.has_next())
         && c.descs.len() <= usize::from(size)
         && c.descs.iter().all(|d| d.len() > 0 && d.is_write_only())
 }
@@ -474,6 +501,7 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
                     RxError::BadChain => assert!(
                         (last.head_indirect && !fmt.indirect)
                             || last.descs.is_empty()
+                            || last.descs.last().is_some_and(|d| d.has_next())
                             || last.descs.len() > usize::from(size)
                             || last.descs.iter().any(|d| d.len() == 0)
                     ),

@@ -4,6 +4,7 @@
 //! poll) no longer asks for the call then, and takes one interrupt less.
 
 use std::io;
+use std::num::Wrapping;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -11,6 +12,8 @@ use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 
 use super::port::{Port, Vring};
+use crate::ring::host::HostMem;
+use crate::ring::split::SplitRing;
 use crate::sys::timer::OneShotTimer;
 
 /// The TX completion state of one queue worker; only that worker touches it.
@@ -20,6 +23,9 @@ pub struct TxCompletion {
     armed: bool,
     /// Chains used since the guest's wish was last looked at.
     unannounced: usize,
+    /// The used index when the guest's wish was last looked at (`None`: not since
+    /// this worker started).
+    announced: Option<Wrapping<u16>>,
 }
 
 impl TxCompletion {
@@ -81,7 +87,16 @@ impl TxCompletion {
     /// `tx_gate`, so never after a clean stop.
     fn announce(&mut self, port: &Port, txq: &Vring) {
         self.unannounced = 0;
-        if txq.needs_notification().unwrap_or(true) {
+        let wants = {
+            let st = txq.get_ref();
+            let ring = SplitRing::of(st.get_queue());
+            let since = self.announced.replace(ring.next_used);
+            match (port.memory(), since) {
+                (Some(mem), Some(since)) => ring.wants_call(&HostMem::new(&mem), since),
+                _ => true,
+            }
+        };
+        if wants {
             port.stats.tx_calls.fetch_add(1, Relaxed);
             let _ = txq.signal_used_queue();
         }

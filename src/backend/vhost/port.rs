@@ -2,6 +2,7 @@
 //! queue workers, the switch and the uplink readers, and the RX writer other threads
 //! use to hand it frames (under the RX queue's own lock, held for the copy only).
 
+use std::num::Wrapping;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 use std::time::Instant;
@@ -19,8 +20,10 @@ use crate::backend::switch::SwitchPort;
 use crate::config::{PortConfig, RateLimit, MAX_TX_COALESCE_USECS};
 use crate::features::{self, Caps, FeatureMask, Negotiated};
 use crate::l2::{Mac, Vid, VlanSet};
-use crate::ring::rx::{self, RxError, RxFormat, RxScratch};
-use crate::ring::{avail_in_range, GuestMem};
+use crate::ring::host::HostMem;
+use crate::ring::rx::{self, RxError, RxFormat, RxScratch, Source};
+use crate::ring::split::SplitRing;
+use crate::ring::GuestMem;
 use crate::stats::{Counters, DropReason};
 use crate::vnet_hdr::VirtioNetHdr;
 
@@ -47,6 +50,8 @@ struct RxSlot {
     scratch: RxScratch,
     /// The guest posted malformed buffers on this queue (until the next connection).
     broken: bool,
+    /// The used index when the guest's wish for a call was last looked at.
+    announced: Option<Wrapping<u16>>,
 }
 
 /// State shared by the port's workers, the switch, and the uplink readers.
@@ -228,6 +233,7 @@ impl Port {
                 if let Ok(mut s) = slot.lock() {
                     s.vring = None;
                     s.broken = false;
+                    s.announced = None;
                 }
             }
             for _ in 0..self.pacer.clear() {
@@ -335,12 +341,22 @@ impl Port {
     /// Writes one frame into RX queue `pair` (modulo the pairs this port has).
     /// The caller signals the guest later, once per batch (`Pending::flush`).
     pub fn receive(&self, pair: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), RxError> {
+        self.receive_from(pair, hdr, Source::Own(parts))
+    }
+
+    /// `receive`, with the frame's bytes from `src` (gsonet's memory, or another
+    /// guest's).
+    pub fn receive_from(
+        &self,
+        pair: usize,
+        hdr: &VirtioNetHdr,
+        src: Source<'_>,
+    ) -> Result<(), RxError> {
         let Some(neg) = self.negotiated() else {
             return Err(RxError::NoBuffers);
         };
-        let mem = match &*self.mem.read().unwrap_or_else(|e| e.into_inner()) {
-            Some(m) => m.memory(),
-            None => return Err(RxError::NoBuffers),
+        let Some(mem) = self.memory() else {
+            return Err(RxError::NoBuffers);
         };
         let pair = pair % self.rx.len();
         let mut slot = self.rx[pair].lock().unwrap_or_else(|e| e.into_inner());
@@ -351,6 +367,7 @@ impl Port {
             vring,
             scratch,
             broken,
+            ..
         } = &mut *slot;
         if *broken {
             return Err(RxError::BadChain);
@@ -367,14 +384,18 @@ impl Port {
             mrg_rxbuf: neg.mrg_rxbuf,
             indirect: neg.indirect_desc,
         };
-        if !avail_in_range(state.get_queue(), &mem) {
+        let hm = HostMem::new(&mem);
+        let q = state.get_queue_mut();
+        let mut ring = SplitRing::of(q);
+        if ring.pending(&hm).is_none() {
             // A ring whose avail index jumped is not written to again until its
             // device is set up anew: every later frame costs O(1). (A single bad
             // chain is consumed and counted; the queue goes on.)
             *broken = true;
             return Err(RxError::BadChain);
         }
-        let r = rx::write_frame(state.get_queue_mut(), &mem, scratch, hdr, fmt, parts);
+        let r = rx::write_frame_in(&mut ring, &hm, scratch, hdr, fmt, src);
+        ring.store(q);
         if r == Err(RxError::NoBuffers) && neg.event_idx {
             // Ask the guest to kick when it adds buffers (avail_event = next_avail).
             let _ = state.enable_notification();
@@ -452,19 +473,27 @@ impl Port {
     /// Never signals under the RX slot lock other senders need; the call fd is
     /// non-blocking (the relay sees to it), so a full eventfd costs one EAGAIN.
     fn signal_rx_queue(&self, pair: usize) {
-        let vring = self.rx[pair % self.rx.len()]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .vring
-            .clone();
-        if let Some(v) = vring {
-            if self.pay_owed_call(2 * (pair % self.rx.len()), &v) {
+        let pair = pair % self.rx.len();
+        let mem = self.memory();
+        let (vring, wants) = {
+            let mut slot = self.rx[pair].lock().unwrap_or_else(|e| e.into_inner());
+            let Some(v) = slot.vring.clone() else {
                 return;
-            }
-            if v.needs_notification().unwrap_or(true) {
-                self.stats.rx_calls.fetch_add(1, Ordering::Relaxed);
-                let _ = v.signal_used_queue();
-            }
+            };
+            let ring = SplitRing::of(v.get_ref().get_queue());
+            let since = slot.announced.replace(ring.next_used);
+            let wants = match (&mem, since) {
+                (Some(m), Some(since)) => ring.wants_call(&HostMem::new(m), since),
+                _ => true,
+            };
+            (v, wants)
+        };
+        if self.pay_owed_call(2 * pair, &vring) {
+            return;
+        }
+        if wants {
+            self.stats.rx_calls.fetch_add(1, Ordering::Relaxed);
+            let _ = vring.signal_used_queue();
         }
     }
 

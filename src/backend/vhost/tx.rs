@@ -12,22 +12,36 @@ use super::completion::TxCompletion;
 use super::port::{Port, Vring};
 use crate::backend::switch::deliver::DeliverCtx;
 use crate::backend::switch::{Endpoint, Switch};
+use crate::features::Caps;
 use crate::frame::validate::tx_frame;
 use crate::frame::Frame;
-use crate::ring::tx::{self, TxError};
-use crate::ring::{avail_in_range, GuestMem};
+use crate::ring::host::HostMem;
+use crate::ring::split::{walk_chain, Desc, SplitRing};
+use crate::ring::tx::{self, TxError, TxFrame};
+use crate::ring::GuestMem;
 use crate::stats::DropReason;
 use crate::sys::timer::OneShotTimer;
+use crate::vnet_hdr::HDR_LEN;
 
 /// How many TX chains one pass handles before signalling the guest.
 const TX_BATCH: usize = 256;
+/// Bytes one pass may copy out: four of the largest frames, so a batch of large
+/// frames still amortises its ring work while the buffer stays small per queue.
+const TX_ARENA: usize = 4 * (tx::MAX_FRAME + HDR_LEN);
 
-/// What one queue worker keeps between kicks: the buffer chains are copied into, its
-/// delivery state, the timer that makes it look at the queue again without a kick
-/// (`tx_poll_us`, or a queue held for its `rate=`) and its TX completions' call.
+/// What one queue worker keeps between kicks: the buffer a batch of chains is copied
+/// into, its delivery state, the timer that makes it look at the queue again without
+/// a kick (`tx_poll_us`, or a queue held for its `rate=`) and its TX completions' call.
 pub struct TxWorker {
-    buf: Vec<u8>,
+    arena: Vec<u8>,
+    /// The batch taken: each chain's frame in `arena`, or why it was dropped.
+    batch: Vec<Result<TxFrame, TxError>>,
+    /// One chain's descriptors as walked.
+    walk: Vec<Desc>,
     ctx: DeliverCtx,
+    /// A destination's `rx_rate=` held this queue lately: take one chain at a time,
+    /// so a hold stops the queue at the frame that went over, not a batch later.
+    paced: bool,
     pub timer: Option<OneShotTimer>,
     pub completion: TxCompletion,
 }
@@ -35,8 +49,11 @@ pub struct TxWorker {
 impl Default for TxWorker {
     fn default() -> Self {
         TxWorker {
-            buf: tx::tx_buffer(),
+            arena: vec![0u8; TX_ARENA],
+            batch: Vec::with_capacity(TX_BATCH),
+            walk: Vec::new(),
             ctx: DeliverCtx::holding(),
+            paced: false,
             timer: None,
             completion: TxCompletion::default(),
         }
@@ -71,29 +88,6 @@ fn segments(frame: &Frame) -> usize {
     frame.gso.map_or(1, |g| g.plan.segments)
 }
 
-enum RingState {
-    /// Not (or no longer) set up and enabled: nothing to pop, and not a fault.
-    Stopped,
-    /// The avail index is more than a queue ahead of what was popped.
-    Broken,
-    InRange,
-}
-
-/// Reads the ring's state under one guard: a frontend stopping the queue
-/// (GET_VRING_BASE, SET_VRING_ENABLE 0) takes the write side, so either it is seen
-/// stopped here, or the avail index is read before the frontend may reuse its memory.
-fn ring_state(txq: &Vring, mem: &GuestMem) -> RingState {
-    let st = txq.get_ref();
-    let q = st.get_queue();
-    if !q.ready() || !st.is_enabled() {
-        RingState::Stopped
-    } else if avail_in_range(q, mem) {
-        RingState::InRange
-    } else {
-        RingState::Broken
-    }
-}
-
 /// How a drain left the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainEnd {
@@ -104,6 +98,86 @@ pub enum DrainEnd {
     Poll,
     /// Held for a `rate=`: kicks stay off and the worker's timer is armed already.
     Held,
+}
+
+/// How one batch was taken off the ring.
+enum Take {
+    /// Not (or no longer) set up and enabled: nothing to pop, and not a fault.
+    Stopped,
+    /// The avail index is more than a queue ahead of what was popped.
+    Broken,
+    /// This many chains were taken (copied out and already handed back).
+    Chains(usize),
+}
+
+/// Takes up to `max` chains under one hold of the vring's lock: each is walked,
+/// checked and copied into the worker's arena, then all are handed back (used
+/// entries, one used index store) before any is sent. A frontend stopping the queue
+/// (GET_VRING_BASE, SET_VRING_ENABLE 0) takes the lock's write side, so it sees
+/// either nothing of the batch or all of it, and never a used index short of what
+/// was consumed. The frames are in gsonet's own memory from here on: if gsonet dies
+/// before sending them the guest's ring already says "sent", and the frontend's
+/// rewind cannot send them twice; a frame is lost at worst, never duplicated.
+fn take_batch(
+    port: &Port,
+    txq: &Vring,
+    mem: &GuestMem,
+    hdr_len: usize,
+    w: &mut TxWorker,
+    max: usize,
+) -> Take {
+    let mut st = txq.get_mut();
+    if !st.get_queue().ready() || !st.is_enabled() {
+        return Take::Stopped;
+    }
+    let q = st.get_queue_mut();
+    let hm = HostMem::new(mem);
+    let mut ring = SplitRing::of(q);
+    let Some(pending) = ring.pending(&hm) else {
+        return Take::Broken;
+    };
+    let TxWorker {
+        arena, batch, walk, ..
+    } = w;
+    batch.clear();
+    let qsize = usize::from(ring.size);
+    let mut used = 0usize;
+    let mut bad_heads = 0usize;
+    for _ in 0..usize::from(pending).min(max) {
+        let Some(head) = ring.pop(&hm) else { break };
+        walk.clear();
+        let end = walk_chain(&hm, ring.desc, ring.size, head, qsize, walk);
+        let frame = match tx::chain_bytes(walk, end, qsize) {
+            Ok(total) if used + total > arena.len() => {
+                // Next batch: the arena holds at least one largest frame.
+                ring.unpop(1);
+                break;
+            }
+            Ok(total) => {
+                let f = tx::copy_chain(&hm, walk, total, hdr_len, &mut arena[used..]);
+                let f = f.map(|f| TxFrame {
+                    start: f.start + used,
+                    ..f
+                });
+                used += total;
+                f
+            }
+            Err(e) => Err(e),
+        };
+        if !ring.put_used(&hm, head, 0) {
+            bad_heads += 1;
+        }
+        batch.push(frame);
+    }
+    let published = ring.publish_used(&hm);
+    ring.store(q);
+    drop(st);
+    if bad_heads > 0 || !published {
+        if let Some(quiet) = port.log.allow() {
+            warn!(port = %port.name(), suppressed = quiet, bad_heads, "TX chains could not be handed back (head outside the ring, or the used ring unmapped)");
+        }
+    }
+    Take::Chains(batch.len())
 }
 
 /// Drains the TX queue of `pair`: every chain becomes a frame for the switch. With
@@ -122,78 +196,53 @@ pub fn drain(
         return DrainEnd::Kicks;
     };
     let neg = port.negotiated().unwrap_or_default();
-    let TxWorker {
-        buf,
-        ctx,
-        timer,
-        completion,
-    } = w;
     let mut popped = 0;
     loop {
         let _ = txq.disable_notification();
-        match ring_state(txq, &mem) {
-            RingState::Stopped => return DrainEnd::Kicks,
-            RingState::Broken => {
-                // Counted once per kick; the queue is not touched until it makes sense.
-                port.stats.drop(DropReason::TxRingBroken);
-                return DrainEnd::Kicks;
-            }
-            RingState::InRange => {}
-        }
+        // Its own `rate=` (checked per chain) or a destination's `rx_rate=` lately:
+        // one chain per take, so a hold stops right at the frame that went over.
+        let max = if w.paced || port.rate().is_some() {
+            1
+        } else {
+            TX_BATCH
+        };
         let mut done = 0;
         let mut held = false;
-        while done < TX_BATCH {
-            // Its own `rate=`, or a destination's `rx_rate=` it went over.
-            if let Some(wait) = port.tx_wait().max(ctx.take_hold()) {
-                held = hold(port, timer, wait);
+        loop {
+            if let Some(wait) = port.tx_wait().max(w.ctx.take_hold()) {
+                w.paced = true;
+                held = hold(port, &w.timer, wait);
                 if held {
                     break;
                 }
             }
-            let (chain, qsize) = {
-                let mut st = txq.get_mut();
-                let q = st.get_queue_mut();
-                (q.pop_descriptor_chain(&*mem), q.size())
+            let n = match take_batch(port, txq, &mem, neg.hdr_len(), w, max.min(TX_BATCH - done)) {
+                Take::Stopped => return DrainEnd::Kicks,
+                Take::Broken => {
+                    // Counted once per kick; the queue is not touched until it makes sense.
+                    port.stats.drop(DropReason::TxRingBroken);
+                    return DrainEnd::Kicks;
+                }
+                Take::Chains(n) => n,
             };
-            let Some(chain) = chain else { break };
-            let head = chain.head_index();
-            let read = tx::read_chain(&mem, chain, neg.hdr_len(), qsize as usize, buf);
-            // The frame is in our own buffer now: hand the chain back before sending it.
-            // If gsonet dies from here on, the guest's ring already says "sent" and the
-            // frontend's rewind (to the used index) cannot send it a second time; a
-            // frame is lost at worst, never duplicated.
-            if let Err(e) = txq.add_used(head, 0) {
-                if let Some(quiet) = port.log.allow() {
-                    warn!(port = %port.name(), suppressed = quiet, "add_used on TX failed: {e}");
-                }
+            if n == 0 {
+                break;
             }
-            match read {
-                Ok(f) => {
-                    port.stats.tx(f.len);
-                    let parts = [&buf[f.start..f.start + f.len]];
-                    match tx_frame(neg.tx, f.hdr, &parts) {
-                        Ok(frame) if !port.charge_segments(segments(&frame)) => {
-                            port.stats.drop(DropReason::SegmentBudget)
-                        }
-                        Ok(frame) => {
-                            port.tx_charge(frame.wire_len());
-                            switch.forward(Endpoint::Port(port.id), pair, &frame, ctx)
-                        }
-                        Err(reason) => port.stats.drop(reason),
-                    }
-                }
-                Err(e) => {
-                    debug!(port = %port.name(), "dropping TX chain: {e}");
-                    port.stats.drop(DropReason::from(&e as &TxError));
-                }
+            send_batch(port, switch, pair, neg.tx, w);
+            done += n;
+            if done >= TX_BATCH {
+                break;
             }
-            done += 1;
+        }
+        if done == TX_BATCH && !held {
+            // A whole batch without a hold: back to full batches.
+            w.paced = w.paced && port.rate().is_some();
         }
         // Receivers first: their calls are on a request's path, the sender's TX
         // completion is not, and on a host with few CPUs the first thread woken runs
         // first.
-        ctx.flush();
-        completion.used(port, txq, done, port.tx_coalesce_usecs());
+        w.ctx.flush();
+        w.completion.used(port, txq, done, port.tx_coalesce_usecs());
         if held {
             return DrainEnd::Held; // the timer drains on, notifications stay off meanwhile
         }
@@ -207,6 +256,36 @@ pub fn drain(
         match txq.enable_notification() {
             Ok(true) => continue, // more arrived while notifications were off
             _ => return DrainEnd::Kicks,
+        }
+    }
+}
+
+/// Checks each frame of the batch taken against what the guest negotiated and hands
+/// it to the switch.
+fn send_batch(port: &Port, switch: &Switch, pair: usize, tx_caps: Caps, w: &mut TxWorker) {
+    let TxWorker {
+        arena, batch, ctx, ..
+    } = w;
+    for read in batch.drain(..) {
+        match read {
+            Ok(f) => {
+                port.stats.tx(f.len);
+                let parts = [&arena[f.start..f.start + f.len]];
+                match tx_frame(tx_caps, f.hdr, &parts) {
+                    Ok(frame) if !port.charge_segments(segments(&frame)) => {
+                        port.stats.drop(DropReason::SegmentBudget)
+                    }
+                    Ok(frame) => {
+                        port.tx_charge(frame.wire_len());
+                        switch.forward(Endpoint::Port(port.id), pair, &frame, ctx)
+                    }
+                    Err(reason) => port.stats.drop(reason),
+                }
+            }
+            Err(e) => {
+                debug!(port = %port.name(), "dropping TX chain: {e}");
+                port.stats.drop(DropReason::from(&e as &TxError));
+            }
         }
     }
 }

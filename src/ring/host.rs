@@ -1,0 +1,338 @@
+//! The one boundary between guest addresses and host memory on the datapath.
+//!
+//! vm-memory's generic accessors translate and bounds-check a guest range region by
+//! region through an iterator of slices on every call; at one call per descriptor,
+//! used entry and index that cost more than the rest of a 64-byte frame's trip.
+//! `HostMem` does the same checks once per range with one binary search over the
+//! regions and copies with the semantics vm-memory uses itself: a plain `memcpy`
+//! (`ptr::copy_nonoverlapping`) for anything longer than a word, single volatile
+//! accesses for ring fields. No `&[u8]` or `&mut [u8]` is ever formed over guest
+//! memory: the guest (and the other guest, guest to guest) may change those bytes at
+//! any moment, so they only ever cross this boundary as raw copies into or out of
+//! memory gsonet owns, or between two guests' mappings.
+//!
+//! Every write marks its pages in the region's dirty log (a relaxed load while no
+//! migration logs), as vm-memory's accessors do.
+
+// The datapath's only unsafe code outside `sys`: each block states its invariant.
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{fence, AtomicU16, Ordering};
+
+use vm_memory::bitmap::Bitmap;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+use super::guest_mem::{BadRange, GuestMem};
+
+/// A guest range that lies in one mapped region: where it starts in host memory, and
+/// the region (for its dirty log).
+#[derive(Clone, Copy)]
+struct Span<'a> {
+    host: *mut u8,
+    region: &'a vm_memory::GuestRegionMmap<super::guest_mem::DirtyLog>,
+    /// Offset of `host` in the region, for the dirty log.
+    offset: usize,
+    /// Bytes of the range in this region (at most what was asked).
+    len: usize,
+}
+
+/// Guest memory as the datapath reads and writes it: checked ranges, raw copies.
+#[derive(Clone, Copy)]
+pub struct HostMem<'a> {
+    mem: &'a GuestMem,
+}
+
+impl<'a> HostMem<'a> {
+    pub fn new(mem: &'a GuestMem) -> HostMem<'a> {
+        HostMem { mem }
+    }
+
+    /// The mapped piece of `[addr, addr + len)` that starts at `addr`: all of it, or
+    /// the part up to the end of the region `addr` is in. `None` if `addr` is not
+    /// mapped or the range wraps the address space.
+    fn span(&self, addr: u64, len: usize) -> Option<Span<'a>> {
+        addr.checked_add(len as u64)?;
+        let region = self.mem.find_region(GuestAddress(addr))?;
+        let offset = (addr - region.start_addr().0) as usize;
+        let room = region.len() as usize - offset;
+        // SAFETY: `offset` is inside the region's mapping (find_region checked
+        // `addr` <= its last address), so the pointer stays inside that mapping.
+        let host = unsafe { region.as_ptr().add(offset) };
+        Some(Span {
+            host,
+            region,
+            offset,
+            len: len.min(room),
+        })
+    }
+
+    /// Whether `[addr, addr + len)` is mapped (possibly across regions).
+    pub fn check(&self, addr: u64, len: usize) -> Result<(), BadRange> {
+        self.walk(addr, len, |_, _| {})
+    }
+
+    /// Calls `f(span, done)` for each region piece of `[addr, addr + len)`, in order;
+    /// `done` is how many bytes came before the piece. Fails, having called `f` for
+    /// nothing, unless all of it is mapped.
+    fn walk(
+        &self,
+        addr: u64,
+        len: usize,
+        mut f: impl FnMut(Span<'a>, usize),
+    ) -> Result<(), BadRange> {
+        let bad = BadRange { addr, len };
+        if len == 0 {
+            // Nothing to touch, wherever it points (as vm-memory's accessors).
+            return Ok(());
+        }
+        // Fast path: one region holds it all (descriptors nearly always are).
+        let first = self.span(addr, len).ok_or(bad)?;
+        if first.len == len {
+            f(first, 0);
+            return Ok(());
+        }
+        // Check every piece before touching any.
+        let mut done = first.len;
+        while done < len {
+            let s = self.span(addr + done as u64, len - done).ok_or(bad)?;
+            done += s.len;
+        }
+        let mut done = 0;
+        while done < len {
+            let s = self.span(addr + done as u64, len - done).ok_or(bad)?;
+            f(s, done);
+            done += s.len;
+        }
+        Ok(())
+    }
+
+    /// Copies guest `[addr, addr + dst.len())` into `dst`.
+    pub fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), BadRange> {
+        let out = dst.as_mut_ptr();
+        self.walk(addr, dst.len(), |s, done| {
+            // SAFETY: `s` is `s.len` mapped bytes of guest memory (checked by `span`),
+            // `out + done .. + s.len` lies in `dst`; guest memory and gsonet's own
+            // buffer never overlap.
+            unsafe { copy(s.host, out.add(done), s.len) }
+        })
+    }
+
+    /// Copies `src` into guest `[addr, addr + src.len())` and marks it dirty.
+    pub fn write(&self, addr: u64, src: &[u8]) -> Result<(), BadRange> {
+        let from = src.as_ptr();
+        self.walk(addr, src.len(), |s, done| {
+            // SAFETY: as in `read`, the other way round.
+            unsafe { copy(from.add(done), s.host, s.len) };
+            s.region.bitmap().mark_dirty(s.offset, s.len);
+        })
+    }
+
+    /// Copies `len` bytes from guest `src_addr` in `src` (another guest's memory, or
+    /// this one's) to guest `dst_addr` here, with no copy in between.
+    pub fn copy_from_guest(
+        &self,
+        dst_addr: u64,
+        src: &HostMem<'_>,
+        src_addr: u64,
+        len: usize,
+    ) -> Result<(), BadRange> {
+        // Both ranges are checked whole before a byte moves.
+        src.check(src_addr, len)?;
+        self.check(dst_addr, len)?;
+        let mut done = 0;
+        while done < len {
+            let s = src
+                .span(src_addr + done as u64, len - done)
+                .ok_or(BadRange {
+                    addr: src_addr,
+                    len,
+                })?;
+            let mut piece = 0;
+            while piece < s.len {
+                let d = self
+                    .span(dst_addr + (done + piece) as u64, s.len - piece)
+                    .ok_or(BadRange {
+                        addr: dst_addr,
+                        len,
+                    })?;
+                // SAFETY: both pieces are mapped for `d.len` bytes (`span`). A guest
+                // copying into its own memory could name overlapping ranges: `copy`
+                // uses memmove semantics for those.
+                unsafe { copy_any(s.host.add(piece), d.host, d.len) };
+                d.region.bitmap().mark_dirty(d.offset, d.len);
+                piece += d.len;
+            }
+            done += s.len;
+        }
+        Ok(())
+    }
+
+    /// A little-endian `u16` of the ring, read with `Acquire` (an index the other
+    /// side publishes). The address must be mapped and 2-byte aligned.
+    pub fn load_u16(&self, addr: u64, order: Ordering) -> Option<u16> {
+        let a = self.atomic_u16(addr)?;
+        Some(u16::from_le(a.load(order)))
+    }
+
+    /// Stores a little-endian `u16` of the ring (an index or flags we publish).
+    pub fn store_u16(&self, addr: u64, v: u16, order: Ordering) -> Option<()> {
+        let a = self.atomic_u16(addr)?;
+        a.store(v.to_le(), order);
+        let s = self.span(addr, 2)?;
+        s.region.bitmap().mark_dirty(s.offset, 2);
+        Some(())
+    }
+
+    fn atomic_u16(&self, addr: u64) -> Option<&'a AtomicU16> {
+        if !addr.is_multiple_of(2) {
+            return None;
+        }
+        let s = self.span(addr, 2).filter(|s| s.len == 2)?;
+        // SAFETY: two mapped, aligned bytes; an AtomicU16 has the layout of a u16 and
+        // every bit pattern is valid. Accessing guest memory through atomics is how
+        // both sides of a virtqueue share its indexes.
+        Some(unsafe { &*(s.host as *const AtomicU16) })
+    }
+
+    /// Reads a `T` of plain bytes (a descriptor, a used element) at `addr`.
+    pub fn read_obj<T: Copy + Default + AsBytes>(&self, addr: u64) -> Option<T> {
+        let mut v = T::default();
+        self.read(addr, v.as_bytes_mut()).ok()?;
+        Some(v)
+    }
+}
+
+/// A plain-old-data value that can be filled from raw bytes.
+pub trait AsBytes {
+    fn as_bytes_mut(&mut self) -> &mut [u8];
+}
+
+impl<const N: usize> AsBytes for [u8; N] {
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+/// A full fence before reading what the other side published after our own stores
+/// (the EVENT_IDX check after publishing used entries).
+pub fn store_load_fence() {
+    fence(Ordering::SeqCst);
+}
+
+/// Copies `n` bytes between guest memory and gsonet's memory, as vm-memory does:
+/// `memcpy` for more than a word, single volatile accesses for a word or less so that
+/// a ring field is never torn into bytes.
+///
+/// # Safety
+/// `src` and `dst` are valid for `n` bytes and do not overlap.
+unsafe fn copy(src: *const u8, dst: *mut u8, n: usize) {
+    match n {
+        0 => {}
+        2 if (src as usize | dst as usize).is_multiple_of(2) => {
+            std::ptr::write_volatile(dst as *mut u16, std::ptr::read_volatile(src as *const u16))
+        }
+        4 if (src as usize | dst as usize).is_multiple_of(4) => {
+            std::ptr::write_volatile(dst as *mut u32, std::ptr::read_volatile(src as *const u32))
+        }
+        8 if (src as usize | dst as usize).is_multiple_of(8) => {
+            std::ptr::write_volatile(dst as *mut u64, std::ptr::read_volatile(src as *const u64))
+        }
+        n if n < 8 => {
+            for i in 0..n {
+                std::ptr::write_volatile(dst.add(i), std::ptr::read_volatile(src.add(i)));
+            }
+        }
+        n => std::ptr::copy_nonoverlapping(src, dst, n),
+    }
+}
+
+/// `copy` for two guest ranges, which a guest may make overlap.
+///
+/// # Safety
+/// `src` and `dst` are valid for `n` bytes.
+unsafe fn copy_any(src: *const u8, dst: *mut u8, n: usize) {
+    let (s, d) = (src as usize, dst as usize);
+    if s.max(d) - s.min(d) < n {
+        std::ptr::copy(src, dst, n);
+    } else {
+        copy(src, dst, n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::Bytes;
+
+    fn two_regions() -> GuestMem {
+        GuestMem::from_ranges(&[(GuestAddress(0), 0x1000), (GuestAddress(0x1000), 0x1000)]).unwrap()
+    }
+
+    #[test]
+    fn reads_and_writes_across_regions_as_vm_memory_does() {
+        let m = two_regions();
+        let h = HostMem::new(&m);
+        let data: Vec<u8> = (0..0x40u8).collect();
+        h.write(0xfe0, &data).unwrap();
+        let mut back = [0u8; 0x40];
+        m.read_slice(&mut back, GuestAddress(0xfe0)).unwrap();
+        assert_eq!(&back[..], &data[..]);
+        let mut mine = [0u8; 0x40];
+        h.read(0xfe0, &mut mine).unwrap();
+        assert_eq!(mine, back);
+    }
+
+    #[test]
+    fn refuses_unmapped_wrapping_and_partly_mapped_ranges_untouched() {
+        let m = two_regions();
+        let h = HostMem::new(&m);
+        assert!(h.write(0x1ff0, &[9; 0x20]).is_err());
+        // Nothing of the refused range was written.
+        let mut b = [0u8; 0x10];
+        m.read_slice(&mut b, GuestAddress(0x1ff0)).unwrap();
+        assert_eq!(b, [0; 0x10]);
+        assert!(h.read(0x9000, &mut [0; 1]).is_err());
+        assert!(h.read(u64::MAX, &mut [0; 2]).is_err());
+        assert!(h.check(u64::MAX - 1, 4).is_err());
+        assert!(h.check(0, 0x2000).is_ok());
+        assert!(h.check(0, 0x2001).is_err());
+    }
+
+    #[test]
+    fn ring_fields_are_aligned_and_mapped() {
+        let m = two_regions();
+        let h = HostMem::new(&m);
+        h.store_u16(0x100, 0xbeef, Ordering::Release).unwrap();
+        assert_eq!(m.read_obj::<u16>(GuestAddress(0x100)).unwrap(), 0xbeef);
+        assert_eq!(h.load_u16(0x100, Ordering::Acquire), Some(0xbeef));
+        assert_eq!(h.load_u16(0x101, Ordering::Acquire), None);
+        assert_eq!(h.load_u16(0x2000, Ordering::Acquire), None);
+    }
+
+    #[test]
+    fn guest_to_guest_copies_cross_regions_on_both_sides() {
+        let a = two_regions();
+        let b = GuestMem::from_ranges(&[
+            (GuestAddress(0x10000), 0x800),
+            (GuestAddress(0x10800), 0x800),
+        ])
+        .unwrap();
+        let data: Vec<u8> = (0..=255u8).cycle().take(0x300).collect();
+        a.write_slice(&data, GuestAddress(0xf00)).unwrap();
+        let (ha, hb) = (HostMem::new(&a), HostMem::new(&b));
+        hb.copy_from_guest(0x10700, &ha, 0xf00, 0x300).unwrap();
+        let mut back = vec![0u8; 0x300];
+        b.read_slice(&mut back, GuestAddress(0x10700)).unwrap();
+        assert_eq!(back, data);
+        assert!(hb.copy_from_guest(0x10f00, &ha, 0, 0x200).is_err());
+        assert!(hb.copy_from_guest(0x10000, &ha, 0x1f00, 0x200).is_err());
+        // Overlapping ranges in one region move like memmove.
+        ha.copy_from_guest(0xe10, &ha, 0xe00, 0x100)
+            .unwrap_or_default();
+        a.write_slice(&data[..0x100], GuestAddress(0xe00)).unwrap();
+        ha.copy_from_guest(0xe10, &ha, 0xe00, 0x100).unwrap();
+        let mut moved = vec![0u8; 0x100];
+        a.read_slice(&mut moved, GuestAddress(0xe10)).unwrap();
+        assert_eq!(moved, data[..0x100]);
+    }
+}

@@ -1,0 +1,398 @@
+//! A split virtqueue as the datapath works it, one batch at a time: the avail index
+//! read once, heads taken and their chains walked through `HostMem`, used entries
+//! written one by one and the used index moved once, the guest's wish for a call
+//! decided once (EVENT_IDX, or VRING_AVAIL_F_NO_INTERRUPT without it).
+//!
+//! virtio-queue keeps the queue's addresses and positions (the frontend sets and reads
+//! them through vhost-user); `SplitRing` copies them out under the vring's lock and
+//! puts `next_avail` and `next_used` back before the lock is released, so
+//! GET_VRING_BASE, a reconnect or a migration sees exactly what was consumed.
+//!
+//! Chains are walked with virtio-queue's rules (the fuzz target checks the two walk
+//! alike): at most `size` descriptors in the table, at most the table's length in an
+//! indirect table, no indirect table inside one, a next index inside its table.
+
+use std::num::Wrapping;
+use std::sync::atomic::Ordering;
+
+use virtio_bindings::virtio_ring::{
+    VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+};
+use virtio_queue::QueueT;
+
+use super::host::HostMem;
+
+/// Avail ring: flags, idx, then `size` u16 entries, then used_event (EVENT_IDX).
+const AVAIL_HEADER: u64 = 4;
+/// Used ring: flags, idx, then `size` 8-byte elements, then avail_event.
+const USED_HEADER: u64 = 4;
+const USED_ELEM: u64 = 8;
+const DESC_SIZE: u64 = 16;
+/// Largest indirect table virtio-queue follows (its length in a u16 of entries).
+const MAX_INDIRECT: u64 = u16::MAX as u64;
+
+/// One descriptor as read from guest memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Desc {
+    pub addr: u64,
+    pub len: u32,
+    pub flags: u16,
+    pub next: u16,
+}
+
+impl Desc {
+    fn parse(raw: [u8; 16]) -> Desc {
+        Desc {
+            addr: u64::from_le_bytes(raw[0..8].try_into().unwrap_or_default()),
+            len: u32::from_le_bytes(raw[8..12].try_into().unwrap_or_default()),
+            flags: u16::from_le_bytes([raw[12], raw[13]]),
+            next: u16::from_le_bytes([raw[14], raw[15]]),
+        }
+    }
+
+    pub fn has_next(&self) -> bool {
+        self.flags & VRING_DESC_F_NEXT as u16 != 0
+    }
+
+    pub fn is_write_only(&self) -> bool {
+        self.flags & VRING_DESC_F_WRITE as u16 != 0
+    }
+
+    pub fn is_indirect(&self) -> bool {
+        self.flags & VRING_DESC_F_INDIRECT as u16 != 0
+    }
+}
+
+/// How a chain walk ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WalkEnd {
+    /// The last descriptor had no NEXT.
+    Complete,
+    /// The walk stopped at a descriptor that still pointed on (a bad next index, a
+    /// loop that used up the table, an indirect table inside one or a bad one).
+    Broken,
+    /// More descriptors than `max` (the caller's bound).
+    TooMany,
+    /// A descriptor (or indirect table) is not in guest memory.
+    Unreadable,
+}
+
+/// The walk of one chain: its descriptors in order, up to `max`, appended to `out`.
+/// Indirect tables are followed (when `allow_indirect`) exactly as virtio-queue does.
+/// Returns how it ended and whether the head itself pointed at an indirect table.
+pub fn walk_chain(
+    hm: &HostMem<'_>,
+    table: u64,
+    size: u16,
+    head: u16,
+    max: usize,
+    out: &mut Vec<Desc>,
+) -> WalkEnd {
+    let start = out.len();
+    let mut table = table;
+    let mut table_len = u64::from(size);
+    let mut ttl = u64::from(size);
+    let mut index = u64::from(head);
+    let mut indirect = false;
+    loop {
+        if ttl == 0 || index >= table_len {
+            // virtio-queue ends the chain silently here; whatever came before shows
+            // it by its NEXT flag.
+            // A chain without a single descriptor is broken too.
+            return if out.len() == start || out.last().is_some_and(|d| d.has_next()) {
+                WalkEnd::Broken
+            } else {
+                WalkEnd::Complete
+            };
+        }
+        let Some(at) = table.checked_add(index * DESC_SIZE) else {
+            return WalkEnd::Unreadable;
+        };
+        let Some(raw) = hm.read_obj::<[u8; 16]>(at) else {
+            return WalkEnd::Unreadable;
+        };
+        let d = Desc::parse(raw);
+        if d.is_indirect() {
+            let n = u64::from(d.len) / DESC_SIZE;
+            if indirect || !u64::from(d.len).is_multiple_of(DESC_SIZE) || n > MAX_INDIRECT {
+                return WalkEnd::Broken;
+            }
+            indirect = true;
+            table = d.addr;
+            table_len = n;
+            ttl = n;
+            index = 0;
+            continue;
+        }
+        if out.len() - start == max {
+            return WalkEnd::TooMany;
+        }
+        out.push(d);
+        if d.has_next() {
+            index = u64::from(d.next);
+            ttl -= 1;
+        } else {
+            return WalkEnd::Complete;
+        }
+    }
+}
+
+/// Whether the head descriptor of chain `head` points at an indirect table.
+pub fn head_is_indirect(hm: &HostMem<'_>, table: u64, size: u16, head: u16) -> bool {
+    if head >= size {
+        return false;
+    }
+    hm.read_obj::<[u8; 16]>(table + u64::from(head) * DESC_SIZE)
+        .map(|raw| Desc::parse(raw).is_indirect())
+        .unwrap_or(false)
+}
+
+/// A split ring's addresses and positions, taken from the vring for one batch.
+#[derive(Clone, Copy, Debug)]
+pub struct SplitRing {
+    pub desc: u64,
+    pub avail: u64,
+    pub used: u64,
+    pub size: u16,
+    pub next_avail: Wrapping<u16>,
+    pub next_used: Wrapping<u16>,
+    pub event_idx: bool,
+}
+
+impl SplitRing {
+    pub fn of<Q: QueueT>(q: &Q) -> SplitRing {
+        SplitRing {
+            desc: q.desc_table(),
+            avail: q.avail_ring(),
+            used: q.used_ring(),
+            size: q.size(),
+            next_avail: Wrapping(q.next_avail()),
+            next_used: Wrapping(q.next_used()),
+            event_idx: q.event_idx_enabled(),
+        }
+    }
+
+    /// Puts the positions back into the vring's queue.
+    pub fn store<Q: QueueT>(&self, q: &mut Q) {
+        q.set_next_avail(self.next_avail.0);
+        q.set_next_used(self.next_used.0);
+    }
+
+    /// The guest's avail index (`Acquire`: the entries before it are visible).
+    pub fn avail_idx(&self, hm: &HostMem<'_>) -> Option<Wrapping<u16>> {
+        hm.load_u16(self.avail + 2, Ordering::Acquire).map(Wrapping)
+    }
+
+    /// Chains the guest has made available and we have not taken, if the avail index
+    /// is at most a queue ahead; `None` for a broken ring (or an unmapped one).
+    pub fn pending(&self, hm: &HostMem<'_>) -> Option<u16> {
+        let n = (self.avail_idx(hm)? - self.next_avail).0;
+        (n <= self.size && self.size > 0).then_some(n)
+    }
+
+    /// Takes the next available head (the caller knows from `pending` that there is
+    /// one). `None` if the avail ring is not readable.
+    pub fn pop(&mut self, hm: &HostMem<'_>) -> Option<u16> {
+        let slot = u64::from(self.next_avail.0 % self.size);
+        let head = hm.load_u16(self.avail + AVAIL_HEADER + 2 * slot, Ordering::Relaxed)?;
+        self.next_avail += 1;
+        Some(head)
+    }
+
+    /// Gives back the last `n` heads taken (a frame that did not fit).
+    pub fn unpop(&mut self, n: u16) {
+        self.next_avail -= n;
+    }
+
+    /// Writes used element `head`/`len` at the next used slot, without publishing it.
+    /// A head outside the table is not written (no used entry can name it).
+    pub fn put_used(&mut self, hm: &HostMem<'_>, head: u16, len: u32) -> bool {
+        if head >= self.size {
+            return false;
+        }
+        let slot = u64::from(self.next_used.0 % self.size);
+        let mut elem = [0u8; USED_ELEM as usize];
+        elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
+        elem[4..].copy_from_slice(&len.to_le_bytes());
+        if hm
+            .write(self.used + USED_HEADER + slot * USED_ELEM, &elem)
+            .is_err()
+        {
+            return false;
+        }
+        self.next_used += 1;
+        true
+    }
+
+    /// Publishes every used element written so far (`Release`: the elements and the
+    /// buffers' bytes are visible before the index).
+    pub fn publish_used(&self, hm: &HostMem<'_>) -> bool {
+        hm.store_u16(self.used + 2, self.next_used.0, Ordering::Release)
+            .is_some()
+    }
+
+    /// Whether the guest wants a call for the used entries published since the used
+    /// index was `since`: EVENT_IDX's used_event inside (since, next_used], or without
+    /// EVENT_IDX, no VRING_AVAIL_F_NO_INTERRUPT. An unreadable ring asks for a call.
+    pub fn wants_call(&self, hm: &HostMem<'_>, since: Wrapping<u16>) -> bool {
+        let now = self.next_used;
+        if now == since {
+            return false;
+        }
+        // Our used index store before the guest's used_event / flags load.
+        super::host::store_load_fence();
+        if self.event_idx {
+            let at = self.avail + AVAIL_HEADER + 2 * u64::from(self.size);
+            let Some(event) = hm.load_u16(at, Ordering::Relaxed) else {
+                return true;
+            };
+            // The window since the last decision, more than a ring back: a reset or
+            // a position the frontend set; call rather than guess.
+            if (now - since).0 > self.size {
+                return true;
+            }
+            (now - Wrapping(event) - Wrapping(1)) < (now - since)
+        } else {
+            hm.load_u16(self.avail, Ordering::Relaxed)
+                .is_none_or(|flags| flags & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::GuestMem;
+    use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use virtio_queue::Queue;
+    use vm_memory::{Bytes, GuestAddress};
+
+    const N: u16 = VRING_DESC_F_NEXT as u16;
+
+    fn mem() -> GuestMem {
+        GuestMem::from_ranges(&[(GuestAddress(0), 0x40000)]).unwrap()
+    }
+
+    fn chain(mock: &MockSplitQueue<GuestMem>, descs: &[(u64, u32, u16)]) {
+        let raw: Vec<RawDescriptor> = descs
+            .iter()
+            .enumerate()
+            .map(|(i, &(a, l, f))| RawDescriptor::from(Descriptor::new(a, l, f, i as u16 + 1)))
+            .collect();
+        mock.build_desc_chain(&raw).unwrap();
+    }
+
+    #[test]
+    fn pops_and_walks_what_virtio_queue_pops_and_walks() {
+        let m = mem();
+        let mock = MockSplitQueue::new(&m, 16);
+        chain(&mock, &[(0x8000, 12, N), (0x9000, 100, 0)]);
+        let mut q: Queue = mock.create_queue().unwrap();
+        let h = HostMem::new(&m);
+        let mut r = SplitRing::of(&q);
+        assert_eq!(r.pending(&h), Some(1));
+        let head = r.pop(&h).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(
+            walk_chain(&h, r.desc, r.size, head, 16, &mut out),
+            WalkEnd::Complete
+        );
+        let theirs: Vec<_> = q.pop_descriptor_chain(&m).unwrap().collect();
+        assert_eq!(out.len(), theirs.len());
+        for (a, b) in out.iter().zip(&theirs) {
+            assert_eq!((a.addr, a.len, a.flags), (b.addr().0, b.len(), b.flags()));
+        }
+        assert!(r.put_used(&h, head, 7));
+        assert!(r.publish_used(&h));
+        assert_eq!(mock.used().idx().load(), 1);
+        let e = mock.used().ring().ref_at(0).unwrap().load();
+        assert_eq!((e.id(), e.len()), (u32::from(head), 7));
+        r.store(&mut q);
+        assert_eq!((q.next_avail(), q.next_used()), (1, 1));
+    }
+
+    #[test]
+    fn loops_bad_indexes_and_nested_indirect_tables_are_broken() {
+        let m = mem();
+        let h = HostMem::new(&m);
+        let mock = MockSplitQueue::new(&m, 4);
+        // A loop: 0 -> 1 -> 0 ...
+        let table = mock.desc_table_addr().0;
+        for (i, next) in [(0u64, 1u16), (1, 0)] {
+            let d = RawDescriptor::from(Descriptor::new(0x8000, 10, N, next));
+            m.write_obj(d, GuestAddress(table + 16 * i)).unwrap();
+        }
+        let mut out = Vec::new();
+        assert_eq!(walk_chain(&h, table, 4, 0, 64, &mut out), WalkEnd::Broken);
+        assert_eq!(out.len(), 4);
+        out.clear();
+        assert_eq!(walk_chain(&h, table, 4, 0, 3, &mut out), WalkEnd::TooMany);
+        out.clear();
+        assert_eq!(walk_chain(&h, table, 4, 9, 64, &mut out), WalkEnd::Broken);
+        // An indirect table whose entry is itself indirect.
+        let ind = VRING_DESC_F_INDIRECT as u16;
+        m.write_obj(
+            RawDescriptor::from(Descriptor::new(0x20000, 32, ind, 0)),
+            GuestAddress(0x10000),
+        )
+        .unwrap();
+        m.write_obj(
+            RawDescriptor::from(Descriptor::new(0x10000, 16, ind, 0)),
+            GuestAddress(0x20000),
+        )
+        .unwrap();
+        out.clear();
+        assert_eq!(walk_chain(&h, 0x10000, 1, 0, 64, &mut out), WalkEnd::Broken);
+        assert!(head_is_indirect(&h, 0x10000, 1, 0));
+        out.clear();
+        assert_eq!(
+            walk_chain(&h, 0x3ffff0, 1, 0, 64, &mut out),
+            WalkEnd::Unreadable
+        );
+    }
+
+    #[test]
+    fn event_idx_call_window_matches_virtio_queue() {
+        let m = mem();
+        let h = HostMem::new(&m);
+        let mock = MockSplitQueue::new(&m, 16);
+        for used_event in [0u16, 1, 2, 3, 5, 65535] {
+            for n in 1..5u16 {
+                // virtio-queue's answer for n entries added since the last check.
+                let mut theirs: Queue = mock.create_queue().unwrap();
+                theirs.set_event_idx(true);
+                let _ = theirs.needs_notification(&m);
+                for _ in 0..n {
+                    theirs.add_used(&m, 0, 0).unwrap();
+                }
+                let at = mock.avail_addr().0 + 4 + 2 * 16;
+                m.write_obj(used_event, GuestAddress(at)).unwrap();
+                let want = theirs.needs_notification(&m).unwrap();
+                let mut r = SplitRing::of(&theirs);
+                r.event_idx = true;
+                r.next_used = Wrapping(n);
+                assert_eq!(
+                    r.wants_call(&h, Wrapping(0)),
+                    want,
+                    "event {used_event} n {n}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn no_interrupt_flag_is_honoured_without_event_idx() {
+        let m = mem();
+        let h = HostMem::new(&m);
+        let mock = MockSplitQueue::new(&m, 16);
+        let q: Queue = mock.create_queue().unwrap();
+        let mut r = SplitRing::of(&q);
+        r.next_used = Wrapping(1);
+        assert!(r.wants_call(&h, Wrapping(0)));
+        m.write_obj(VRING_AVAIL_F_NO_INTERRUPT as u16, mock.avail_addr())
+            .unwrap();
+        assert!(!r.wants_call(&h, Wrapping(0)));
+        assert!(!r.wants_call(&h, Wrapping(1)));
+    }
+}
