@@ -166,6 +166,10 @@ pub struct PortConfig {
     /// After a TX batch, keep the guest's kicks off and look at its TX queue again
     /// this many microseconds later, for as long as each look finds frames (0: off).
     pub tx_poll_us: u32,
+    /// Adaptive busy polling: after a TX batch that found frames, spin on the TX queue
+    /// (kicks off, yielding the CPU to anything runnable) for up to this many µs
+    /// before going back to sleep on its kick (0: off).
+    pub busy_poll_us: u32,
     /// RX interrupt moderation (`ethtool -C rx-usecs rx-frames`): a frame is announced
     /// to the guest at most this many µs after it was written (0: at once) ...
     pub rx_coalesce_usecs: u32,
@@ -179,6 +183,10 @@ pub struct PortConfig {
 
 /// Largest `tx_poll_us`: what a frame may wait in a polled queue at most.
 pub const MAX_TX_POLL_US: u32 = 1000;
+/// Largest `busy_poll_us`: the CPU one idle spell of a port's queue may cost.
+pub const MAX_BUSY_POLL_US: u32 = 1000;
+/// Default `busy_poll_us`.
+pub const DEFAULT_BUSY_POLL_US: u32 = 50;
 /// Largest `rx_coalesce_usecs` and `rx_coalesce_frames`.
 pub const MAX_RX_COALESCE_USECS: u32 = 10_000;
 pub const MAX_RX_COALESCE_FRAMES: u32 = 1024;
@@ -332,7 +340,7 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, rx_rate, rx_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, rx_coalesce_usecs, rx_coalesce_frames, tx_coalesce_usecs, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, rx_rate, rx_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, busy_poll_us, rx_coalesce_usecs, rx_coalesce_frames, tx_coalesce_usecs, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
     /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,socket_mode=0660][,socket_group=GROUP]
@@ -364,6 +372,7 @@ impl PortConfig {
                 group: None,
             },
             tx_poll_us: 0,
+            busy_poll_us: DEFAULT_BUSY_POLL_US,
             rx_coalesce_usecs: 0,
             rx_coalesce_frames: 0,
             tx_coalesce_usecs: 0,
@@ -401,6 +410,7 @@ impl PortConfig {
                 }
                 "allow_unsealed_memory" => c.allow_unsealed_memory = on_off(W, &k, &v)?,
                 "tx_poll_us" => c.tx_poll_us = number(W, &k, &v, 0, MAX_TX_POLL_US)?,
+                "busy_poll_us" => c.busy_poll_us = number(W, &k, &v, 0, MAX_BUSY_POLL_US)?,
                 "rx_coalesce_usecs" => {
                     c.rx_coalesce_usecs = number(W, &k, &v, 0, MAX_RX_COALESCE_USECS)?
                 }

@@ -126,7 +126,7 @@ const EXIT_CONFIG: u8 = 2;
 struct ServeArgs {
     /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mac_lock=on][,mac_limit=N]
     /// [,mtu=N][,max_burst=N][,vlan=N | ,trunk=on,allowed_vlans=LIST]
-    /// [,socket_mode=MODE][,socket_group=GROUP][,tx_poll_us=N]
+    /// [,socket_mode=MODE][,socket_group=GROUP][,tx_poll_us=N][,busy_poll_us=N]
     /// and offload switches offloads|csum|guest_csum|tso|ecn|ufo|uso|mrg_rxbuf|event_idx|indirect_desc=on|off.
     /// gsonet listens on PATH (QEMU connects); with `client` it connects to a QEMU started
     /// with server=on. Repeat for more guests.
@@ -149,6 +149,11 @@ struct ServeArgs {
     /// tx_poll_us=N (0..1000, default 0: off): after a TX batch, leave the guest's kicks
     /// off and look at its TX queue again N µs later (a timer), while each look finds
     /// frames; fewer kicks for a streaming guest, up to N µs more for its frames.
+    /// busy_poll_us=N (0..1000, default 50; 0: off): after a TX batch that found
+    /// frames, keep the guest's kicks off and watch its TX queue for up to N µs,
+    /// yielding the CPU to anything runnable, before sleeping on its kick again: a
+    /// fast guest's next frames are taken without a kick or a wake-up. An idle
+    /// queue costs nothing.
     /// rx_coalesce_usecs=N (0..10000, default 0: off) and rx_coalesce_frames=N
     /// (0..1024): RX interrupt moderation as `ethtool -C rx-usecs/rx-frames` means it: a
     /// frame is announced to the guest at most N µs after it was written, or at once

@@ -971,12 +971,18 @@ impl Harness {
     }
 
     fn a_done(&mut self, what: &str) {
-        // gsonet returns a TX chain as soon as its frame is copied out, before the
-        // frame is delivered (a restart never sends it twice). A fence behind it, a
-        // chain too short to be a frame (`too_short`, counted as a chain drop), is
-        // returned only after the worker delivered everything before it.
+        // gsonet returns a batch of TX chains as soon as their frames are copied out,
+        // before the frames are delivered (a restart never sends them twice), and
+        // takes the next batch only once they are. So a fence sent after the frame's
+        // chain came back, a chain too short to be a frame (`too_short`, counted as a
+        // chain drop), is returned only after the worker delivered the frame.
+        self.wait_a(what);
         let fence = [0u8; HDR_LEN + 6];
         self.send_a(&fence, TxLayout::Single);
+        self.wait_a(what);
+    }
+
+    fn wait_a(&mut self, what: &str) {
         if let Err(e) = self.a.wait_tx_done(T) {
             self.alive(what);
             panic!(

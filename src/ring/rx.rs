@@ -97,7 +97,7 @@ pub fn write_frame<Q: QueueT>(
 ) -> Result<usize, RxError> {
     let hm = HostMem::new(mem);
     let mut ring = SplitRing::of(q);
-    let r = write_frame_in(&mut ring, &hm, scratch, hdr, fmt, Source::Own(parts));
+    let r = write_frame_in(&mut ring, &hm, scratch, hdr, fmt, Source::Own(parts), true);
     ring.store(q);
     r
 }
@@ -128,7 +128,9 @@ impl Source<'_> {
 }
 
 /// `write_frame` on a ring already taken out of its vring (`SplitRing`): claims
-/// chains, copies, and publishes the frame's used entries with one index store.
+/// chains, copies, writes the frame's used entries and, with `publish`, moves the
+/// used index past them with one store. Without it the caller publishes later, at a
+/// frame boundary (`SplitRing::publish_used`), so a batch of frames costs one store.
 pub fn write_frame_in(
     ring: &mut SplitRing,
     hm: &HostMem<'_>,
@@ -136,6 +138,7 @@ pub fn write_frame_in(
     hdr: &VirtioNetHdr,
     fmt: RxFormat,
     src: Source<'_>,
+    publish: bool,
 ) -> Result<usize, RxError> {
     let need = fmt.hdr_len + src.len();
     scratch.descs.clear();
@@ -260,7 +263,7 @@ pub fn write_frame_in(
             return Err(RxError::BadAddress);
         }
     }
-    if !ring.publish_used(hm) {
+    if publish && !ring.publish_used(hm) {
         ring.next_used = base;
         return Err(RxError::BadAddress);
     }

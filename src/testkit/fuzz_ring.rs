@@ -17,7 +17,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::ring::host::HostMem;
-use crate::ring::rx::{write_frame, RxError, RxFormat, RxScratch};
+use crate::ring::rx::{write_frame, write_frame_in, RxError, RxFormat, RxScratch, Source};
 use crate::ring::rx::{MAX_CHAINS_PER_FRAME, MAX_DESCS_PER_FRAME};
 use crate::ring::split::SplitRing;
 use crate::ring::tx::{read_chain, tx_buffer, TxError, MAX_FRAME, MIN_FRAME};
@@ -46,6 +46,9 @@ pub struct Mode {
     pub mrg_rxbuf: bool,
     pub indirect: bool,
     pub legacy_hdr: bool,
+    /// RX frames written as a sender's batch does: used entries first, the used
+    /// index published after the frame (`write_frame_in` without `publish`).
+    pub deferred: bool,
 }
 
 impl Mode {
@@ -54,6 +57,7 @@ impl Mode {
             | u8::from(self.mrg_rxbuf) << 1
             | u8::from(self.indirect) << 2
             | u8::from(self.legacy_hdr) << 3
+            | u8::from(self.deferred) << 4
     }
 
     fn hdr_len(self) -> usize {
@@ -237,6 +241,7 @@ pub fn fuzz_one(data: &[u8]) {
         mrg_rxbuf: data[0] & 2 != 0,
         indirect: data[0] & 4 != 0,
         legacy_hdr: data[0] & 8 != 0,
+        deferred: data[0] & 16 != 0,
     };
     let size = 2u16 << (data[1] % 8);
     let avail_idx = u16::from(data[2]);
@@ -410,7 +415,24 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
         let next_avail = q.next_avail();
         let used_idx = ring.used_idx(m);
         let chains = prewalk(ring, m, next_avail, MAX_CHAINS_PER_FRAME + 1);
-        let r = write_frame(q, m, &mut scratch, hdr, fmt, &parts);
+        let r = if mode.deferred {
+            let hm = HostMem::new(m);
+            let mut split = SplitRing::of(q);
+            let src = Source::Own(&parts);
+            let r = write_frame_in(&mut split, &hm, &mut scratch, hdr, fmt, src, false);
+            if r.is_ok() {
+                assert_eq!(
+                    ring.used_idx(m),
+                    used_idx,
+                    "a frame was published before its batch ended"
+                );
+            }
+            assert!(split.publish_used(&hm), "the used ring is mapped");
+            split.store(q);
+            r
+        } else {
+            write_frame(q, m, &mut scratch, hdr, fmt, &parts)
+        };
         let after = snapshot(m);
         let used_now = ring.used_idx(m);
         let added = used_now.wrapping_sub(used_idx);
@@ -602,8 +624,24 @@ fn check_bytes(
 /// Addresses a descriptor of the seeds may use freely.
 const BUFS: u16 = 0x6000;
 
-/// The seed corpus (written by the ignored `target_tests::write_seeds` test).
+/// The seed corpus (written by the ignored `target_tests::write_seeds` test): the
+/// base seeds, and each RX seed again with its used index published after the frame,
+/// as a sender's batch publishes it.
 pub fn seeds() -> Vec<Vec<u8>> {
+    let base = base_seeds();
+    let deferred: Vec<Vec<u8>> = base
+        .iter()
+        .filter(|s| s[0] & 1 != 0)
+        .map(|s| {
+            let mut s = s.clone();
+            s[0] |= 16;
+            s
+        })
+        .collect();
+    base.into_iter().chain(deferred).collect()
+}
+
+fn base_seeds() -> Vec<Vec<u8>> {
     let w = F_WRITE as u8;
     let nw = (F_WRITE | F_NEXT) as u8;
     let hdr = VirtioNetHdr {
@@ -616,6 +654,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         mrg_rxbuf: mrg,
         indirect,
         legacy_hdr: false,
+        deferred: false,
     };
     // RX: 8 single-descriptor chains of 1000 bytes, frames spanning several (MRG).
     let descs: Vec<Desc> = (0..8)

@@ -38,6 +38,12 @@ pub trait Destination {
     fn stats(&self) -> &Counters;
 }
 
+/// What software segmentation a sender's frames may cost (a guest's segment budget).
+pub trait SegmentCharge: Send + Sync {
+    /// Charges `segments`; false (the drop counted on the sender) when over budget.
+    fn charge_segments(&self, segments: usize) -> bool;
+}
+
 /// What a full guest RX queue means to the caller of [`deliver`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnFull {
@@ -156,6 +162,9 @@ pub struct DeliverCtx {
     pub writes: Option<WriteBatch>,
     /// The longest hold a destination asked for since the last `take_hold`.
     hold: Option<Duration>,
+    /// The sender's segment budget, charged for each frame segmented in software
+    /// (never for one that leaves intact).
+    pub segment_charge: Option<Arc<dyn SegmentCharge>>,
     /// The time read once per batch for the FDB (a clock read is a system call where
     /// the vDSO has no usable clock, as in a Xen PV dom0; ages count in seconds), and
     /// how many frames have used it.
@@ -213,6 +222,18 @@ impl DeliverCtx {
     pub fn batch_writes(&mut self) -> std::io::Result<()> {
         self.writes = Some(WriteBatch::new()?);
         Ok(())
+    }
+
+    /// Whether the sender's budget allows `frame` to `dst` (charged if it is cut into
+    /// segments there).
+    pub fn segments_allowed(&self, dst: &dyn Destination, frame: &Frame) -> bool {
+        let (Some(budget), Some(gso)) = (&self.segment_charge, &frame.gso) else {
+            return true;
+        };
+        match choose(&frame.hdr, dst.caps(), dst.max_burst().is_some()) {
+            Path::Segmented => budget.charge_segments(gso.plan.segments),
+            _ => true,
+        }
     }
 
     /// How long the sender should wait for the destinations it went over the rate

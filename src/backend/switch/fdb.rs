@@ -3,6 +3,8 @@
 //! source addresses only ever evicts its own; every operation a frame makes is O(1).
 
 use std::collections::HashMap;
+
+use ahash::RandomState;
 use std::time::{Duration, Instant};
 
 use super::Endpoint;
@@ -59,17 +61,21 @@ struct Lru {
 }
 
 /// MAC learning table with aging, one address space per VLAN, a quota per endpoint.
+///
+/// Its maps hash with aHash under a key drawn at random per table (`RandomState`):
+/// a few ns per lookup where SipHash took tens, and still no address an attacker can
+/// choose to collide, since the key is not known outside the process.
 pub struct Fdb {
-    map: HashMap<FdbKey, u32>,
+    map: HashMap<FdbKey, u32, RandomState>,
     slab: Vec<Entry>,
     free: Vec<u32>,
     /// One list per endpoint in the table; `index` says whose.
     lists: Vec<Lru>,
-    index: HashMap<Endpoint, usize>,
+    index: HashMap<Endpoint, usize, RandomState>,
     /// Lists of endpoints taken out, for the next one added.
     spare: Vec<usize>,
     /// Addresses the operator configured: never aged, never moved by learning.
-    pinned: HashMap<FdbKey, Endpoint>,
+    pinned: HashMap<FdbKey, Endpoint, RandomState>,
     aging: Duration,
 }
 
@@ -78,13 +84,13 @@ impl Fdb {
     /// `uplink_limits[i]` addresses each (at least one).
     pub fn new(aging: Duration, port_limits: &[usize], uplink_limits: &[usize]) -> Fdb {
         let mut fdb = Fdb {
-            map: HashMap::new(),
+            map: HashMap::default(),
             slab: Vec::new(),
             free: Vec::new(),
             lists: Vec::new(),
-            index: HashMap::new(),
+            index: HashMap::default(),
             spare: Vec::new(),
-            pinned: HashMap::new(),
+            pinned: HashMap::default(),
             aging,
         };
         for (i, &limit) in port_limits.iter().enumerate() {
@@ -211,7 +217,8 @@ impl Fdb {
         if key.1.is_multicast() {
             return Learned::Known;
         }
-        if let Some(&owner) = self.pinned.get(&key) {
+        let pinned = (!self.pinned.is_empty()).then(|| self.pinned.get(&key).copied());
+        if let Some(owner) = pinned.flatten() {
             return if owner == at {
                 Learned::Known
             } else {
@@ -224,9 +231,13 @@ impl Fdb {
         if let Some(&i) = self.map.get(&key) {
             let e = &self.slab[i as usize];
             if e.at == at {
-                self.unlink(i);
+                // Already the most recent of its list (a stream from one address):
+                // the date is all that changes.
+                if self.lists[l].head != i {
+                    self.unlink(i);
+                    self.push_front(l, i);
+                }
                 self.slab[i as usize].seen = now;
-                self.push_front(l, i);
                 return Learned::Known;
             }
             if !self.aged(i, now) {
@@ -280,8 +291,10 @@ impl Fdb {
     }
 
     pub fn lookup(&mut self, key: &FdbKey, now: Instant) -> Option<Endpoint> {
-        if let Some(&e) = self.pinned.get(key) {
-            return Some(e);
+        if !self.pinned.is_empty() {
+            if let Some(&e) = self.pinned.get(key) {
+                return Some(e);
+            }
         }
         let &i = self.map.get(key)?;
         if self.aged(i, now) {

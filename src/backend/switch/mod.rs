@@ -701,6 +701,12 @@ impl Switch {
                         sent: 0,
                     });
                 }
+                if skip == 0 && !ctx.segments_allowed(port.as_ref(), frame) {
+                    return Some(Outcome {
+                        path: deliver::Path::Dropped(DropReason::SegmentBudget),
+                        sent: 0,
+                    });
+                }
                 if skip == 0 && ctx.gro_offer(port, queue, frame) {
                     return Some(Outcome {
                         path: deliver::Path::Intact,
@@ -725,6 +731,12 @@ impl Switch {
                 if skip == 0 && !ctx.rx_admit(up.as_ref(), frame) {
                     return Some(Outcome {
                         path: deliver::Path::Dropped(DropReason::RateLimited),
+                        sent: 0,
+                    });
+                }
+                if skip == 0 && !ctx.segments_allowed(up.as_ref(), frame) {
+                    return Some(Outcome {
+                        path: deliver::Path::Dropped(DropReason::SegmentBudget),
                         sent: 0,
                     });
                 }

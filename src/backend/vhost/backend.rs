@@ -77,7 +77,7 @@ impl PortBackend {
             .map(|_| EventFd::new(EFD_NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
         let workers = (0..port.queue_pairs())
-            .map(|_| TxWorker::with_timer().map(Mutex::new))
+            .map(|_| TxWorker::with_timer(port.clone()).map(Mutex::new))
             .collect::<io::Result<Vec<_>>>()?;
         Ok(PortBackend {
             port,
@@ -239,6 +239,11 @@ impl VhostUserBackend for PortBackend {
         match device_event {
             0 => {
                 // The guest added RX buffers; uplink readers waiting for room retry.
+                // Its next refills need no kick until the queue runs out again
+                // (`Port::receive` turns kicks back on then).
+                if let Some(rxq) = vrings.first() {
+                    let _ = rxq.disable_notification();
+                }
                 self.port.stats.rx_kicks.fetch_add(1, Relaxed);
                 self.port.rx_refilled();
                 self.switch.rx_space();

@@ -99,6 +99,11 @@ impl Pacer {
 
     /// A frame for queue `pair` at `rate` bytes a second (`None`: unlimited, but it
     /// still queues behind frames waiting, to keep their order).
+    /// Whether frames wait on queue `pair` (a frame may only go now if none do).
+    pub fn busy(&self, pair: usize) -> bool {
+        self.lines.get(pair).is_some_and(|s| s.busy.load(SeqCst))
+    }
+
     pub fn admit(
         &self,
         pair: usize,

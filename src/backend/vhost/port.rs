@@ -4,7 +4,9 @@
 
 use std::num::Wrapping;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+
+use arc_swap::ArcSwapOption;
 use std::time::Instant;
 
 use vhost_user_backend::{VringRwLock, VringT};
@@ -15,7 +17,7 @@ use super::coalesce::{Announce, RxCoalesce};
 use super::pace::{Admit, Pacer};
 use crate::backend::ratelimit::{ByteRate, LogLimit, TokenBucket};
 use crate::backend::switch::backpressure::StallClock;
-use crate::backend::switch::deliver::Destination;
+use crate::backend::switch::deliver::{Destination, SegmentCharge};
 use crate::backend::switch::SwitchPort;
 use crate::config::{PortConfig, RateLimit, MAX_TX_COALESCE_USECS};
 use crate::features::{self, Caps, FeatureMask, Negotiated};
@@ -52,6 +54,22 @@ struct RxSlot {
     broken: bool,
     /// The used index when the guest's wish for a call was last looked at.
     announced: Option<Wrapping<u16>>,
+    /// Frames were written whose used entries are not published yet.
+    unpublished: bool,
+}
+
+impl RxSlot {
+    /// Publishes the used entries written since the last publish.
+    fn publish(&mut self, mem: Option<&GuestMem>) {
+        if !std::mem::take(&mut self.unpublished) {
+            return;
+        }
+        let (Some(v), Some(mem)) = (&self.vring, mem) else {
+            return;
+        };
+        let ring = SplitRing::of(v.get_ref().get_queue());
+        ring.publish_used(&HostMem::new(mem));
+    }
 }
 
 /// State shared by the port's workers, the switch, and the uplink readers.
@@ -60,8 +78,15 @@ pub struct Port {
     pub cfg: PortConfig,
     /// The operator's mask and the offer it gives.
     offer: RwLock<(FeatureMask, u64)>,
-    negotiated: RwLock<Option<Negotiated>>,
-    mem: RwLock<Option<Mem>>,
+    /// Read for every frame: lock-free loads.
+    negotiated: ArcSwapOption<Negotiated>,
+    /// The guest memory as mapped now (set at each memory table change).
+    mem: ArcSwapOption<GuestMem>,
+    /// Whether `rx_rate=` is set: frames for the guest skip the pacer's lock and
+    /// clock when it is not.
+    rx_limited: AtomicBool,
+    /// Whether `rate=` is set: the guest's frames skip its bucket's lock and clock.
+    tx_limited: AtomicBool,
     rx: Vec<Mutex<RxSlot>>,
     connected: AtomicBool,
     /// How long the guest has kept its RX queue full.
@@ -108,8 +133,10 @@ impl Port {
         Ok(Port {
             id,
             offer: RwLock::new((cfg.mask, features::offer(&cfg.mask, cfg.queues))),
-            negotiated: RwLock::new(None),
-            mem: RwLock::new(None),
+            negotiated: ArcSwapOption::empty(),
+            mem: ArcSwapOption::empty(),
+            rx_limited: AtomicBool::new(cfg.rx_rate.is_some()),
+            tx_limited: AtomicBool::new(cfg.rate.is_some()),
             rx: (0..pairs).map(|_| Mutex::new(RxSlot::default())).collect(),
             connected: AtomicBool::new(false),
             max_burst: AtomicUsize::new(cfg.max_burst.unwrap_or(0)),
@@ -151,14 +178,18 @@ impl Port {
 
     /// The guest's `rate=`, if limited.
     pub fn rate(&self) -> Option<RateLimit> {
+        if !self.tx_limited.load(Ordering::Acquire) {
+            return None;
+        }
         let r = self.tx_rate.read().unwrap_or_else(|e| e.into_inner());
         r.as_ref().map(|(l, _)| *l)
     }
 
     /// A new `rate=` (a fresh bucket), at once.
     pub fn set_rate(&self, r: Option<RateLimit>) {
-        *self.tx_rate.write().unwrap_or_else(|e| e.into_inner()) =
-            r.map(|r| (r, ByteRate::new(r.mbit, r.burst_kb)));
+        let mut rate = self.tx_rate.write().unwrap_or_else(|e| e.into_inner());
+        *rate = r.map(|r| (r, ByteRate::new(r.mbit, r.burst_kb)));
+        self.tx_limited.store(rate.is_some(), Ordering::Release);
     }
 
     /// The guest's `rx_rate=`, if limited.
@@ -169,12 +200,16 @@ impl Port {
 
     /// A new `rx_rate=` (a fresh bucket), at once.
     pub fn set_rx_rate(&self, r: Option<RateLimit>) {
-        *self.rx_rate.write().unwrap_or_else(|e| e.into_inner()) =
-            r.map(|r| (r, ByteRate::new(r.mbit, r.burst_kb)));
+        let mut rate = self.rx_rate.write().unwrap_or_else(|e| e.into_inner());
+        *rate = r.map(|r| (r, ByteRate::new(r.mbit, r.burst_kb)));
+        self.rx_limited.store(rate.is_some(), Ordering::Release);
     }
 
     /// `None`: the guest may send now; else how long its TX queue waits (`rate=`).
     pub fn tx_wait(&self) -> Option<std::time::Duration> {
+        if !self.tx_limited.load(Ordering::Acquire) {
+            return None;
+        }
         let r = self.tx_rate.read().unwrap_or_else(|e| e.into_inner());
         r.as_ref()
             .and_then(|(_, b)| b.wait_at(std::time::Instant::now()))
@@ -182,6 +217,9 @@ impl Port {
 
     /// Charges `wire` bytes the guest sent to its `rate=`.
     pub fn tx_charge(&self, wire: usize) {
+        if !self.tx_limited.load(Ordering::Acquire) {
+            return;
+        }
         let r = self.tx_rate.read().unwrap_or_else(|e| e.into_inner());
         if let Some((_, b)) = r.as_ref() {
             b.charge_at(wire as u64, std::time::Instant::now());
@@ -217,7 +255,7 @@ impl Port {
     }
 
     pub fn negotiated(&self) -> Option<Negotiated> {
-        *self.negotiated.read().unwrap_or_else(|e| e.into_inner())
+        self.negotiated.load().as_deref().copied()
     }
 
     pub fn is_connected(&self) -> bool {
@@ -227,8 +265,8 @@ impl Port {
     pub fn set_connected(&self, up: bool) {
         self.connected.store(up, Ordering::Release);
         if !up {
-            *self.negotiated.write().unwrap_or_else(|e| e.into_inner()) = None;
-            *self.mem.write().unwrap_or_else(|e| e.into_inner()) = None;
+            self.negotiated.store(None);
+            self.mem.store(None);
             for slot in &self.rx {
                 if let Ok(mut s) = slot.lock() {
                     s.vring = None;
@@ -247,9 +285,7 @@ impl Port {
     /// left alone.
     pub fn quiesce(&self) {
         self.quiesced.store(true, Ordering::Release);
-        for slot in &self.rx {
-            drop(slot.lock());
-        }
+        self.publish_rx();
         drop(self.tx_gate.write());
     }
 
@@ -268,7 +304,7 @@ impl Port {
 
     /// The guest acked `acked`: the port is live.
     pub fn set_negotiated(&self, neg: Negotiated) {
-        *self.negotiated.write().unwrap_or_else(|e| e.into_inner()) = Some(neg);
+        self.negotiated.store(Some(Arc::new(neg)));
         self.connected.store(true, Ordering::Release);
         // Features come at every device start: each queue owes the guest a call.
         for c in self.owed_call.iter() {
@@ -301,7 +337,7 @@ impl Port {
 
     /// The frontend's memory table changed.
     pub fn set_mem(&self, mem: Mem) {
-        *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
+        self.mem.store(Some(mem.memory().into_inner()));
     }
 
     /// Stops dirty-page logging in the guest memory as mapped now (features acked
@@ -319,12 +355,8 @@ impl Port {
     }
 
     /// The guest memory as mapped now, if the frontend sent a table.
-    pub fn memory(&self) -> Option<<Mem as GuestAddressSpace>::T> {
-        self.mem
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|m| m.memory())
+    pub fn memory(&self) -> Option<Arc<GuestMem>> {
+        self.mem.load_full()
     }
 
     /// Remembers the vring of RX queue `pair`, seen by its worker.
@@ -355,7 +387,8 @@ impl Port {
         let Some(neg) = self.negotiated() else {
             return Err(RxError::NoBuffers);
         };
-        let Some(mem) = self.memory() else {
+        let mem = self.mem.load();
+        let Some(mem) = mem.as_deref() else {
             return Err(RxError::NoBuffers);
         };
         let pair = pair % self.rx.len();
@@ -367,6 +400,7 @@ impl Port {
             vring,
             scratch,
             broken,
+            unpublished,
             ..
         } = &mut *slot;
         if *broken {
@@ -384,7 +418,7 @@ impl Port {
             mrg_rxbuf: neg.mrg_rxbuf,
             indirect: neg.indirect_desc,
         };
-        let hm = HostMem::new(&mem);
+        let hm = HostMem::new(mem);
         let q = state.get_queue_mut();
         let mut ring = SplitRing::of(q);
         if ring.pending(&hm).is_none() {
@@ -394,10 +428,14 @@ impl Port {
             *broken = true;
             return Err(RxError::BadChain);
         }
-        let r = rx::write_frame_in(&mut ring, &hm, scratch, hdr, fmt, src);
+        // The used index moves at the end of the sender's batch (`publish_rx`): one
+        // store for the batch, not one per frame on a line the guest polls.
+        let r = rx::write_frame_in(&mut ring, &hm, scratch, hdr, fmt, src, false);
         ring.store(q);
-        if r == Err(RxError::NoBuffers) && neg.event_idx {
-            // Ask the guest to kick when it adds buffers (avail_event = next_avail).
+        *unpublished |= r.is_ok();
+        if r == Err(RxError::NoBuffers) {
+            // Ask the guest to kick when it adds buffers (avail_event = next_avail, or
+            // VRING_USED_F_NO_NOTIFY cleared).
             let _ = state.enable_notification();
         }
         match r {
@@ -409,6 +447,28 @@ impl Port {
             Err(_) => {}
         }
         r.map(|_| ())
+    }
+
+    /// Publishes the used entries of every frame written into the guest's RX queues
+    /// so far (the end of a sender's batch; before the frontend stops or moves a
+    /// ring, and at a clean stop).
+    pub fn publish_rx(&self) {
+        let mem = self.memory();
+        for slot in &self.rx {
+            slot.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .publish(mem.as_deref());
+        }
+    }
+
+    /// Publishes what was written into RX queue `pair`.
+    fn publish_rx_queue(&self, pair: usize) {
+        let mem = self.mem.load();
+        if let Some(slot) = self.rx.get(pair) {
+            slot.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .publish(mem.as_deref());
+        }
     }
 
     /// The guest added RX buffers.
@@ -477,6 +537,7 @@ impl Port {
         let mem = self.memory();
         let (vring, wants) = {
             let mut slot = self.rx[pair].lock().unwrap_or_else(|e| e.into_inner());
+            slot.publish(mem.as_deref());
             let Some(v) = slot.vring.clone() else {
                 return;
             };
@@ -497,10 +558,20 @@ impl Port {
         }
     }
 
-    /// Charges the software segmentation one of this guest's frames may cause (its
+    /// Charges the software segmentation one of this guest's frames costs (its
     /// segment count); false when the guest has used up its budget.
     pub fn charge_segments(&self, segments: usize) -> bool {
         segments <= 1 || self.segment_budget.take(segments as u64)
+    }
+}
+
+impl SegmentCharge for Port {
+    fn charge_segments(&self, segments: usize) -> bool {
+        let ok = Port::charge_segments(self, segments);
+        if !ok {
+            self.stats.drop(DropReason::SegmentBudget);
+        }
+        ok
     }
 }
 
@@ -518,12 +589,18 @@ impl Destination for Port {
     }
 
     fn rx_wait(&self) -> Option<std::time::Duration> {
+        if !self.rx_limited.load(Ordering::Acquire) {
+            return None;
+        }
         let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
         r.as_ref()
             .and_then(|(_, b)| b.wait_at(std::time::Instant::now()))
     }
 
     fn rx_charge(&self, wire: usize) {
+        if !self.rx_limited.load(Ordering::Acquire) {
+            return;
+        }
         let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
         if let Some((_, b)) = r.as_ref() {
             b.charge_at(wire as u64, std::time::Instant::now());
@@ -532,6 +609,10 @@ impl Destination for Port {
 
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
         let pair = queue % self.rx.len();
+        if !self.rx_limited.load(Ordering::Acquire) && !self.pacer.busy(pair) {
+            // No rate and nothing waiting: no clock, no pacer lock.
+            return self.write_now(pair, hdr, parts);
+        }
         match self
             .pacer
             .admit(pair, self.rx_bytes_per_sec(), hdr, parts, Instant::now())
@@ -578,6 +659,8 @@ impl SwitchPort for Port {
 
     fn signal_rx(&self, queue: usize) {
         let pair = queue % self.rx.len();
+        // Visible at once; only the call waits for RX coalescing.
+        self.publish_rx_queue(pair);
         if self.rx_coalesce.batch_done(pair) == Announce::Now {
             self.signal_rx_queue(pair);
         }

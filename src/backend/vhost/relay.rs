@@ -267,6 +267,12 @@ fn inbound(
         if hdr.request == req::SET_FEATURES {
             await_reset_token(port);
         }
+        if moves_rings(hdr.request) {
+            // Frames written into the guest's RX queues are published at the end of
+            // their sender's batch; a request that stops, moves or remaps a ring must
+            // find them published already.
+            port.publish_rx();
+        }
         if send(back, &Msg { hdr, payload, fds }).is_err() {
             return End::Closed;
         }
@@ -278,6 +284,25 @@ fn inbound(
             return End::Closed;
         }
     }
+}
+
+/// Requests after which the rings' used indexes must be final: they stop, reset,
+/// move or remap a ring, or start logging its writes.
+fn moves_rings(request: u32) -> bool {
+    matches!(
+        request,
+        req::SET_FEATURES
+            | req::RESET_OWNER
+            | req::SET_MEM_TABLE
+            | req::SET_LOG_BASE
+            | req::SET_VRING_NUM
+            | req::SET_VRING_ADDR
+            | req::SET_VRING_BASE
+            | req::GET_VRING_BASE
+            | req::SET_VRING_ENABLE
+            | req::ADD_MEM_REG
+            | req::REM_MEM_REG
+    )
 }
 
 /// Holds a device reset back until the port's reset budget allows it. Only this

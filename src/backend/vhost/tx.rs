@@ -2,7 +2,8 @@
 //! chain out, check it against what the guest negotiated, and hand the typed frame to
 //! the switch; signal the guest and the destinations once per batch.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 use vhost_user_backend::VringT;
@@ -10,11 +11,10 @@ use virtio_queue::QueueT;
 
 use super::completion::TxCompletion;
 use super::port::{Port, Vring};
-use crate::backend::switch::deliver::DeliverCtx;
+use crate::backend::switch::deliver::{DeliverCtx, SegmentCharge};
 use crate::backend::switch::{Endpoint, Switch};
 use crate::features::Caps;
 use crate::frame::validate::tx_frame;
-use crate::frame::Frame;
 use crate::ring::host::HostMem;
 use crate::ring::split::{walk_chain, Desc, SplitRing};
 use crate::ring::tx::{self, TxError, TxFrame};
@@ -61,13 +61,16 @@ impl Default for TxWorker {
 }
 
 impl TxWorker {
-    /// A worker with its timers (the daemon's workers).
-    pub fn with_timer() -> std::io::Result<TxWorker> {
-        Ok(TxWorker {
+    /// A worker with its timers (the daemon's workers), charging the software
+    /// segmentation of its frames to `budget` (the port's).
+    pub fn with_timer(budget: Arc<dyn SegmentCharge>) -> std::io::Result<TxWorker> {
+        let mut w = TxWorker {
             timer: Some(OneShotTimer::new()?),
             completion: TxCompletion::with_timer()?,
             ..TxWorker::default()
-        })
+        };
+        w.ctx.segment_charge = Some(budget);
+        Ok(w)
     }
 }
 
@@ -81,11 +84,6 @@ fn hold(port: &Port, timer: &Option<OneShotTimer>, wait: Duration) -> bool {
     }
     port.stats.throttled(wait.as_micros() as u64);
     true
-}
-
-/// What software segmentation of `frame` would cost at most: its planned segments.
-fn segments(frame: &Frame) -> usize {
-    frame.gso.map_or(1, |g| g.plan.segments)
 }
 
 /// How a drain left the queue.
@@ -229,6 +227,10 @@ pub fn drain(
                 break;
             }
             send_batch(port, switch, pair, neg.tx, w);
+            // Receivers see the batch (used indexes published, calls decided) before
+            // the next one is taken: a chain the guest gets back after this batch's
+            // chains came back follows their frames' delivery.
+            w.ctx.flush();
             done += n;
             if done >= TX_BATCH {
                 break;
@@ -238,10 +240,9 @@ pub fn drain(
             // A whole batch without a hold: back to full batches.
             w.paced = w.paced && port.rate().is_some();
         }
-        // Receivers first: their calls are on a request's path, the sender's TX
-        // completion is not, and on a host with few CPUs the first thread woken runs
-        // first.
-        w.ctx.flush();
+        // Receivers were signalled first (above): their calls are on a request's
+        // path, the sender's TX completion is not, and on a host with few CPUs the
+        // first thread woken runs first.
         w.completion.used(port, txq, done, port.tx_coalesce_usecs());
         if held {
             return DrainEnd::Held; // the timer drains on, notifications stay off meanwhile
@@ -253,12 +254,51 @@ pub fn drain(
         if poll && popped > 0 {
             return DrainEnd::Poll;
         }
+        if done > 0 && watch(txq, &mem, port.cfg.busy_poll_us) {
+            continue;
+        }
         match txq.enable_notification() {
             Ok(true) => continue, // more arrived while notifications were off
             _ => return DrainEnd::Kicks,
         }
     }
 }
+
+/// Adaptive busy polling (`busy_poll_us`): watches the guest's avail index, its
+/// kicks still off, for up to `us` µs after a batch that found frames. True as soon
+/// as a frame is there. Between looks the CPU goes to any other runnable thread (on
+/// a host with few CPUs, the guest's vCPU or another port's worker), so the watch
+/// only spends CPU nobody else wants.
+fn watch(txq: &Vring, mem: &GuestMem, us: u32) -> bool {
+    if us == 0 {
+        return false;
+    }
+    let ring = {
+        let st = txq.get_ref();
+        if !st.get_queue().ready() || !st.is_enabled() {
+            return false;
+        }
+        SplitRing::of(st.get_queue())
+    };
+    let hm = HostMem::new(mem);
+    let deadline = Instant::now() + Duration::from_micros(u64::from(us));
+    loop {
+        for _ in 0..WATCH_SPINS {
+            match ring.avail_idx(&hm) {
+                Some(i) if i != ring.next_avail => return true,
+                Some(_) => std::hint::spin_loop(),
+                None => return false,
+            }
+        }
+        std::thread::yield_now();
+        if Instant::now() >= deadline {
+            return false;
+        }
+    }
+}
+
+/// Looks at the avail index between two yields of a watch.
+const WATCH_SPINS: usize = 64;
 
 /// Checks each frame of the batch taken against what the guest negotiated and hands
 /// it to the switch.
@@ -271,10 +311,9 @@ fn send_batch(port: &Port, switch: &Switch, pair: usize, tx_caps: Caps, w: &mut 
             Ok(f) => {
                 port.stats.tx(f.len);
                 let parts = [&arena[f.start..f.start + f.len]];
+                // Its segment budget is charged where a destination needs the frame
+                // cut (`DeliverCtx::segments_allowed`), not for frames that go intact.
                 match tx_frame(tx_caps, f.hdr, &parts) {
-                    Ok(frame) if !port.charge_segments(segments(&frame)) => {
-                        port.stats.drop(DropReason::SegmentBudget)
-                    }
                     Ok(frame) => {
                         port.tx_charge(frame.wire_len());
                         switch.forward(Endpoint::Port(port.id), pair, &frame, ctx)
