@@ -5,7 +5,8 @@ DPDK's own vhost tests do. One dpdk-testpmd with two net_virtio_user ports on CP
 loops frames through the backend on CPU 1 (A -> backend -> B -> testpmd -> A, io
 forwarding, each port's frames unicast to the other port's MAC); the frames it
 receives per second are the frames the backend switched. The backends: gsonet (one
-or more builds, --gsonet LABEL=PATH) and testpmd's vhost PMD (the reference),
+or more builds and port options, --gsonet LABEL=PATH@K=V; by default the build as it
+comes and with busy_poll_us=50) and testpmd's vhost PMD (the reference),
 interleaved round by round. Rows: 64 B, 1518 B, 8 KB in 4 x 2048 B segments, 64 KB
 TSO frames from examples/tso_loadgen.rs; the 64 B and 1518 B rows again with 2
 queues per port; and gsonet's CPU use with both frontends connected but quiet."""
@@ -64,27 +65,33 @@ def env_number(name: str, default: float) -> float:
         return default
 
 
-def parse_gsonet(specs: list[str]) -> list[tuple[str, str]]:
-    """--gsonet LABEL=PATH or PATH; the default is $GSONET_BIN labelled gsonet."""
+def parse_gsonet(specs: list[str]) -> list[tuple[str, str, str]]:
+    """--gsonet [LABEL=]PATH[@K=V+K=V]: a build and the port options it runs with.
+    The default is $GSONET_BIN twice: as it comes, and with busy_poll_us=50 (adaptive
+    busy polling, off by default: it is the setting for fast guests with CPUs to
+    spare, and this benchmark's frontends are such guests)."""
     if not specs:
-        return [("gsonet", GSONET_BIN)]
+        return [("gsonet", GSONET_BIN, ""), ("gsonet-busy50", GSONET_BIN, "busy_poll_us=50")]
     out = []
     for s in specs:
+        s, _, opts = s.partition("@")
         label, sep, path = s.partition("=")
         if not sep:
             label, path = (Path(s).name if len(specs) > 1 else "gsonet"), s
-        if label == "dpdk" or label in [lb for lb, _ in out]:
+        if label == "dpdk" or label in [lb for lb, _, _ in out]:
             raise SystemExit(f"--gsonet: label {label!r} used twice or reserved")
-        out.append((label, str(Path(path).resolve())))
+        out.append((label, str(Path(path).resolve()), opts.replace("+", ",")))
     return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split()), epilog=EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gsonet", action="append", default=[], metavar="[LABEL=]PATH",
-                    help="a gsonet binary to measure (repeatable; default $GSONET_BIN or "
-                         "target/release/gsonet)")
+    ap.add_argument("--gsonet", action="append", default=[],
+                    metavar="[LABEL=]PATH[@K=V+K=V]",
+                    help="a gsonet binary to measure, with port options after @ "
+                         "(repeatable; default $GSONET_BIN or target/release/gsonet, "
+                         "as it comes and with busy_poll_us=50)")
     ap.add_argument("--no-dpdk", action="store_true", help="leave out the DPDK reference")
     ap.add_argument("--rounds", type=int, default=int(env_number("CAPACITY_ROUNDS", 2)),
                     help="rounds over every row and backend; medians (env CAPACITY_ROUNDS, "
@@ -140,7 +147,7 @@ def check(args) -> None:
     why = cap.testpmd_missing()
     if why:
         raise SystemExit(why)
-    for label, path in args.builds:
+    for label, path, _ in args.builds:
         if not os.access(path, os.X_OK):
             raise SystemExit(f"gsonet binary {path} ({label}) missing: cargo build --release")
     if (os.cpu_count() or 1) < 2:
@@ -153,11 +160,14 @@ def snapshot_binaries(args, into: Path) -> dict:
     """Copies of the gsonet builds and tso_loadgen as they are now, so that a rebuild
     during the run does not change what the later rounds measure; what was copied."""
     info = {}
-    for i, (label, path) in enumerate(args.builds):
-        dst = into / f"gsonet-{label}"
-        shutil.copy2(path, dst)
-        info[label] = file_info(path)
-        args.builds[i] = (label, str(dst))
+    copied: dict[str, str] = {}
+    for i, (label, path, opts) in enumerate(args.builds):
+        if path not in copied:
+            dst = into / f"gsonet-{label}"
+            shutil.copy2(path, dst)
+            copied[path] = str(dst)
+        info[label] = {**file_info(path), "port_options": opts}
+        args.builds[i] = (label, copied[path], opts)
     if os.access(cap.LOADGEN, os.X_OK):
         dst = into / "tso_loadgen"
         shutil.copy2(cap.LOADGEN, dst)
@@ -188,8 +198,9 @@ def one(args, backend_label: str, row_name: str, queues: int, logs: Path) -> dic
         if backend_label == "dpdk":
             be = cap.DpdkBackend(socks, queues, logs, tso="loadgen" in row)
         else:
-            be = cap.GsonetBackend(backend_label, dict(args.builds)[backend_label], socks,
-                                   queues, logs)
+            build = {lb: (path, opts) for lb, path, opts in args.builds}[backend_label]
+            be = cap.GsonetBackend(backend_label, build[0], socks, queues, logs,
+                                   opts=build[1])
         if "loadgen" in row:
             return cap.measure_loadgen(be, row, seconds=args.seconds, warmup=args.warmup,
                                        socks=socks, log_dir=logs)
@@ -309,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args, logs: Path, bin_dir: Path) -> int:
     cap.NICE = args.nice
     binaries = snapshot_binaries(args, bin_dir)
-    backends = [lb for lb, _ in args.builds] + ([] if args.no_dpdk else ["dpdk"])
+    backends = [lb for lb, _, _ in args.builds] + ([] if args.no_dpdk else ["dpdk"])
     cases = [(r, 1) for r in args.rows] + [(r, 2) for r in args.rows2q]
     if any("loadgen" in cap.ROWS[r] for r in args.rows) and not os.access(cap.LOADGEN,
                                                                          os.X_OK):
@@ -341,11 +352,11 @@ def run(args, logs: Path, bin_dir: Path) -> int:
                         log(f"  {res['mpps']:.3f} Mpps, {res['gbps']:.2f} Gbit/s, "
                             f"CPU {fmt(res['cpu_share'])}")
         if args.idle_seconds > 0:
-            for label, path in args.builds:
+            for label, path, opts in args.builds:
                 log(f"idle check: {label}, {args.idle_seconds:g} s")
                 try:
                     results["idle"][label] = cap.measure_idle(
-                        label, path, seconds=args.idle_seconds, log_dir=logs)
+                        label, path, seconds=args.idle_seconds, log_dir=logs, opts=opts)
                 except cap.HarnessError as e:
                     results["idle"][label] = {"error": brief(e), "detail": str(e)[-3000:]}
     except KeyboardInterrupt:

@@ -185,8 +185,9 @@ pub struct PortConfig {
 pub const MAX_TX_POLL_US: u32 = 1000;
 /// Largest `busy_poll_us`: the CPU one idle spell of a port's queue may cost.
 pub const MAX_BUSY_POLL_US: u32 = 1000;
-/// Default `busy_poll_us`.
-pub const DEFAULT_BUSY_POLL_US: u32 = 50;
+/// Default `busy_poll_us`: off. On a host whose guests need every CPU (TCG guests
+/// here) the watch takes CPU from them; it is for fast guests with CPUs to spare.
+pub const DEFAULT_BUSY_POLL_US: u32 = 0;
 /// Largest `rx_coalesce_usecs` and `rx_coalesce_frames`.
 pub const MAX_RX_COALESCE_USECS: u32 = 10_000;
 pub const MAX_RX_COALESCE_FRAMES: u32 = 1024;

@@ -224,11 +224,14 @@ class GsonetBackend:
     kind = "gsonet"
 
     def __init__(self, label: str, binary: str, socks: Sockets, queues: int,
-                 log_dir: Path):
+                 log_dir: Path, opts: str = ""):
         self.label = label
         self.binary = binary
         self.queues = queues
+        extra = opts
         opts = "allow_unsealed_memory=on" + (f",queues={queues}" if queues > 1 else "")
+        if extra:
+            opts += "," + extra
         self.gs = PinnedGsonet([f"socket={socks.a},{opts}", f"socket={socks.b},{opts}"],
                                workdir=socks.dir / "gsonet", binary=binary,
                                name=f"cap-{label}", log_dir=log_dir, cpu=BACKEND_CPU)
@@ -511,12 +514,13 @@ def measure_loadgen(backend, row: dict, *, seconds: float, warmup: float, socks:
     return res
 
 
-def measure_idle(label: str, binary: str, *, seconds: float, log_dir: Path) -> dict:
+def measure_idle(label: str, binary: str, *, seconds: float, log_dir: Path,
+                 opts: str = "") -> dict:
     """gsonet with both frontends connected and quiet (testpmd up, not forwarding) for
     ``seconds``: the share of one CPU it used, and its system calls."""
     socks = Sockets()
     try:
-        be = GsonetBackend(label, binary, socks, 1, log_dir)
+        be = GsonetBackend(label, binary, socks, 1, log_dir, opts=opts)
         fe = frontend(socks, 1, log_dir)
         try:
             be.start()

@@ -254,7 +254,7 @@ pub fn drain(
         if poll && popped > 0 {
             return DrainEnd::Poll;
         }
-        if done > 0 && watch(txq, &mem, port.cfg.busy_poll_us) {
+        if done >= WATCH_AFTER && watch(txq, &mem, port.cfg.busy_poll_us) {
             continue;
         }
         match txq.enable_notification() {
@@ -265,7 +265,8 @@ pub fn drain(
 }
 
 /// Adaptive busy polling (`busy_poll_us`): watches the guest's avail index, its
-/// kicks still off, for up to `us` µs after a batch that found frames. True as soon
+/// kicks still off, for up to `us` µs after a drain that found `WATCH_AFTER` frames
+/// or more. True as soon
 /// as a frame is there. Between looks the CPU goes to any other runnable thread (on
 /// a host with few CPUs, the guest's vCPU or another port's worker), so the watch
 /// only spends CPU nobody else wants.
@@ -299,6 +300,11 @@ fn watch(txq: &Vring, mem: &GuestMem, us: u32) -> bool {
 
 /// Looks at the avail index between two yields of a watch.
 const WATCH_SPINS: usize = 64;
+/// Chains a drain must have found before its queue is watched: a guest that fills
+/// its ring this fast is faster than its backend (KVM, DPDK); one that sends a few
+/// frames a wake-up (an emulated vCPU, a request/response flow) gains nothing from
+/// the watch and would lose the CPU it spins on.
+const WATCH_AFTER: usize = 32;
 
 /// Checks each frame of the batch taken against what the guest negotiated and hands
 /// it to the switch.
