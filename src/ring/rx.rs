@@ -421,6 +421,79 @@ mod tests {
     }
 
     #[test]
+    fn a_frame_from_another_guest_is_copied_straight_into_the_chains() {
+        let m = mem();
+        let mock = MockSplitQueue::new(&m, 16);
+        post(&mock, 4, 1, 1000);
+        let mut q: Queue = mock.create_queue().unwrap();
+        // The sender: its headers already copied out (`head`), its payload in two
+        // pieces of its own memory.
+        let other = GuestMem::from_ranges(&[(GuestAddress(0x40000), 0x4000)]).unwrap();
+        let data = pattern(2500);
+        other
+            .write_slice(&data[54..1054], GuestAddress(0x40100))
+            .unwrap();
+        other
+            .write_slice(&data[1054..], GuestAddress(0x42000))
+            .unwrap();
+        let from = HostMem::new(&other);
+        let pieces = [(0x40100u64, 1000u32), (0x42000, 1446)];
+        let src = Source::Guest {
+            head: &data[..54],
+            from: &from,
+            pieces: &pieces,
+        };
+        let hm = HostMem::new(&m);
+        let mut ring = SplitRing::of(&q);
+        let fmt = RxFormat {
+            hdr_len: 12,
+            mrg_rxbuf: true,
+            indirect: false,
+        };
+        let hdr = VirtioNetHdr::default();
+        let r = write_frame_in(
+            &mut ring,
+            &hm,
+            &mut RxScratch::default(),
+            &hdr,
+            fmt,
+            src,
+            true,
+        );
+        assert_eq!(r, Ok(3));
+        ring.store(&mut q);
+        let mut got = vec![0u8; 3000];
+        for c in 0..3u64 {
+            m.read_slice(
+                &mut got[c as usize * 1000..(c as usize + 1) * 1000],
+                GuestAddress(0x10000 + c * 0x1000),
+            )
+            .unwrap();
+        }
+        assert_eq!(&got[12..2512], &data[..]);
+        // A piece outside the sender's memory: nothing published, the chains handed
+        // back empty.
+        post(&mock, 4, 1, 1000);
+        let bad = [(0x50000u64, 100u32)];
+        let src = Source::Guest {
+            head: &data[..54],
+            from: &from,
+            pieces: &bad,
+        };
+        let mut ring = SplitRing::of(&q);
+        let r = write_frame_in(
+            &mut ring,
+            &hm,
+            &mut RxScratch::default(),
+            &hdr,
+            fmt,
+            src,
+            true,
+        );
+        assert_eq!(r, Err(RxError::BadAddress));
+    }
+
+    #[test]
     fn multi_descriptor_chain_without_mrg() {
         let m = mem();
         let mock = MockSplitQueue::new(&m, 16);
