@@ -11,7 +11,7 @@ use thiserror::Error;
 use vhost_user_backend::bitmap::{AtomicBitmapMmap, BitmapMmapRegion, BitmapReplace};
 use vm_memory::bitmap::{Bitmap, RefSlice, WithBitmapSlice};
 use vm_memory::mmap::NewBitmap;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 
 /// Guest memory as mapped from the frontend's memory table, each region with its
 /// dirty-page log.
@@ -99,34 +99,4 @@ pub fn logging(mem: &GuestMem) -> bool {
 pub struct BadRange {
     pub addr: u64,
     pub len: usize,
-}
-
-/// Copies `data` into guest memory at `addr`; the whole range must be mapped.
-pub fn write(mem: &GuestMem, addr: u64, data: &[u8]) -> Result<(), BadRange> {
-    mem.write_slice(data, GuestAddress(addr))
-        .map_err(|_| BadRange {
-            addr,
-            len: data.len(),
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn two_regions() -> GuestMem {
-        GuestMem::from_ranges(&[(GuestAddress(0), 0x1000), (GuestAddress(0x1000), 0x1000)]).unwrap()
-    }
-
-    #[test]
-    fn writes_across_regions_and_refuses_unmapped_ranges() {
-        let mem = two_regions();
-        write(&mem, 0xff0, &[7; 0x20]).unwrap();
-        let mut back = [0u8; 0x20];
-        mem.read_slice(&mut back, GuestAddress(0xff0)).unwrap();
-        assert_eq!(back, [7; 0x20]);
-        assert!(write(&mem, 0x1ff0, &[0; 0x20]).is_err());
-        assert!(write(&mem, 0x9000, &[1]).is_err());
-        assert!(write(&mem, u64::MAX, &[1, 2]).is_err());
-    }
 }

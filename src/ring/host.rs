@@ -194,22 +194,11 @@ impl<'a> HostMem<'a> {
         Some(unsafe { &*(s.host as *const AtomicU16) })
     }
 
-    /// Reads a `T` of plain bytes (a descriptor, a used element) at `addr`.
-    pub fn read_obj<T: Copy + Default + AsBytes>(&self, addr: u64) -> Option<T> {
-        let mut v = T::default();
-        self.read(addr, v.as_bytes_mut()).ok()?;
+    /// Reads `N` bytes at `addr` (a descriptor).
+    pub fn read_array<const N: usize>(&self, addr: u64) -> Option<[u8; N]> {
+        let mut v = [0u8; N];
+        self.read(addr, &mut v).ok()?;
         Some(v)
-    }
-}
-
-/// A plain-old-data value that can be filled from raw bytes.
-pub trait AsBytes {
-    fn as_bytes_mut(&mut self) -> &mut [u8];
-}
-
-impl<const N: usize> AsBytes for [u8; N] {
-    fn as_bytes_mut(&mut self) -> &mut [u8] {
-        self
     }
 }
 
@@ -287,6 +276,8 @@ mod tests {
         let m = two_regions();
         let h = HostMem::new(&m);
         assert!(h.write(0x1ff0, &[9; 0x20]).is_err());
+        assert!(h.write(0x9000, &[1]).is_err());
+        assert!(h.write(u64::MAX, &[1, 2]).is_err());
         // Nothing of the refused range was written.
         let mut b = [0u8; 0x10];
         m.read_slice(&mut b, GuestAddress(0x1ff0)).unwrap();

@@ -377,6 +377,16 @@ mod tests {
         (e.id(), e.len())
     }
 
+    /// The bytes of the first `chains` buffers `post(.., 1, 1000)` posted, in order.
+    fn posted_bytes(m: &GuestMem, chains: u64) -> Vec<u8> {
+        let mut got = vec![0u8; chains as usize * 1000];
+        for (c, piece) in got.chunks_mut(1000).enumerate() {
+            m.read_slice(piece, GuestAddress(0x10000 + c as u64 * 0x1000))
+                .unwrap();
+        }
+        got
+    }
+
     /// Writes `parts` behind a default header, as a 12-byte-header guest sees them.
     fn put(q: &mut Queue, m: &GuestMem, parts: &[&[u8]], mrg: bool) -> Result<usize, RxError> {
         let fmt = RxFormat {
@@ -407,14 +417,7 @@ mod tests {
         assert_eq!(used(&mock, 0), (0, 1000));
         assert_eq!(used(&mock, 1), (1, 1000));
         assert_eq!(used(&mock, 2), (2, 512));
-        let mut got = vec![0u8; 3000];
-        for c in 0..3u64 {
-            m.read_slice(
-                &mut got[c as usize * 1000..(c as usize + 1) * 1000],
-                GuestAddress(0x10000 + c * 0x1000),
-            )
-            .unwrap();
-        }
+        let got = posted_bytes(&m, 3);
         let h = VirtioNetHdr::from_bytes(&got[..12]).unwrap();
         assert_eq!(h.num_buffers, 3);
         assert_eq!(&got[12..2512], &data[..]);
@@ -462,14 +465,7 @@ mod tests {
         );
         assert_eq!(r, Ok(3));
         ring.store(&mut q);
-        let mut got = vec![0u8; 3000];
-        for c in 0..3u64 {
-            m.read_slice(
-                &mut got[c as usize * 1000..(c as usize + 1) * 1000],
-                GuestAddress(0x10000 + c * 0x1000),
-            )
-            .unwrap();
-        }
+        let got = posted_bytes(&m, 3);
         assert_eq!(&got[12..2512], &data[..]);
         // A piece outside the sender's memory: nothing published, the chains handed
         // back empty.

@@ -108,7 +108,7 @@ pub fn walk_chain(
         let Some(at) = table.checked_add(index * DESC_SIZE) else {
             return WalkEnd::Unreadable;
         };
-        let Some(raw) = hm.read_obj::<[u8; 16]>(at) else {
+        let Some(raw) = hm.read_array::<16>(at) else {
             return WalkEnd::Unreadable;
         };
         let d = Desc::parse(raw);
@@ -142,7 +142,7 @@ pub fn head_is_indirect(hm: &HostMem<'_>, table: u64, size: u16, head: u16) -> b
     if head >= size {
         return false;
     }
-    hm.read_obj::<[u8; 16]>(table + u64::from(head) * DESC_SIZE)
+    hm.read_array::<16>(table + u64::from(head) * DESC_SIZE)
         .map(|raw| Desc::parse(raw).is_indirect())
         .unwrap_or(false)
 }
@@ -310,6 +310,22 @@ mod tests {
         assert_eq!((e.id(), e.len()), (u32::from(head), 7));
         r.store(&mut q);
         assert_eq!((q.next_avail(), q.next_used()), (1, 1));
+    }
+
+    #[test]
+    fn an_avail_index_more_than_a_queue_ahead_is_out_of_range() {
+        let m = GuestMem::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let h = HostMem::new(&m);
+        let mock = MockSplitQueue::new(&m, 16);
+        let q: Queue = mock.create_queue().unwrap();
+        let r = SplitRing::of(&q);
+        assert_eq!(r.pending(&h), Some(0));
+        mock.avail().idx().store(16);
+        assert_eq!(r.pending(&h), Some(16));
+        mock.avail().idx().store(17);
+        assert_eq!(r.pending(&h), None);
+        mock.avail().idx().store(0xffff);
+        assert_eq!(r.pending(&h), None);
     }
 
     #[test]

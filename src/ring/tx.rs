@@ -6,7 +6,7 @@ use thiserror::Error;
 
 use super::guest_mem::BadRange;
 use super::host::HostMem;
-use super::split::{walk_chain, Desc, SplitRing, WalkEnd};
+use super::split::{Desc, WalkEnd};
 use crate::stats::DropReason;
 use crate::vnet_hdr::{HdrError, VirtioNetHdr, HDR_LEN};
 
@@ -125,23 +125,6 @@ pub fn copy_chain(
         start: hdr_len,
         len,
     })
-}
-
-/// Walks, checks and copies chain `head` of `ring` into `buf` (the two steps above,
-/// for callers that take one chain at a time). `walk` is scratch space.
-pub fn read_chain(
-    hm: &HostMem<'_>,
-    ring: &SplitRing,
-    head: u16,
-    hdr_len: usize,
-    walk: &mut Vec<Desc>,
-    buf: &mut [u8],
-) -> Result<TxFrame, TxError> {
-    walk.clear();
-    let max = usize::from(ring.size);
-    let end = walk_chain(hm, ring.desc, ring.size, head, max, walk);
-    let total = chain_bytes(walk, end, max)?;
-    copy_chain(hm, walk, total, hdr_len, buf)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Fuzz entry for the ring code: a fuzzer-built split queue (descriptor table, avail
 //! ring, indirect tables) in real guest memory, read as TX chains by
-//! `ring::tx::read_chain` and written as RX chains by `ring::rx::write_frame`.
+//! `ring::tx::chain_bytes` / `copy_chain` and written as RX chains by
+//! `ring::rx::write_frame`.
 //!
 //! Input layout: 1 byte mode (bit 0 RX, bit 1 MRG_RXBUF, bit 2 INDIRECT_DESC, bit 3
 //! 10-byte legacy header) | 1 byte queue size (2 << (b % 8)) | 1 byte avail index |
@@ -19,8 +20,8 @@ use vm_memory::{Bytes, GuestAddress};
 use crate::ring::host::HostMem;
 use crate::ring::rx::{write_frame, write_frame_in, RxError, RxFormat, RxScratch, Source};
 use crate::ring::rx::{MAX_CHAINS_PER_FRAME, MAX_DESCS_PER_FRAME};
-use crate::ring::split::SplitRing;
-use crate::ring::tx::{read_chain, tx_buffer, TxError, MAX_FRAME, MIN_FRAME};
+use crate::ring::split::{walk_chain, SplitRing};
+use crate::ring::tx::{chain_bytes, copy_chain, tx_buffer, TxError, MAX_FRAME, MIN_FRAME};
 use crate::ring::GuestMem;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
@@ -285,7 +286,8 @@ pub fn fuzz_one(data: &[u8]) {
     }
 }
 
-/// Every available chain taken by `SplitRing` and read by `read_chain`, checked
+/// Every available chain taken by `SplitRing`, walked, checked and copied as a TX
+/// batch takes it (`walk_chain`, `chain_bytes`, `copy_chain`), checked
 /// against what the oracle (virtio-queue's walker) reads.
 fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
     let hdr_len = mode.hdr_len();
@@ -296,10 +298,13 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
     let mut split = SplitRing::of(q);
     let chains = prewalk(ring, m, q.next_avail(), usize::from(q.size()) + 1);
     let pending = split.pending(&hm);
+    let in_range = q
+        .avail_idx(m, std::sync::atomic::Ordering::Acquire)
+        .is_ok_and(|a| (a - std::num::Wrapping(q.next_avail())).0 <= q.size());
     assert_eq!(
         pending.is_some(),
-        crate::ring::avail_in_range(q, m),
-        "the avail index check disagrees with virtio-queue's"
+        in_range,
+        "the avail index check disagrees with virtio-queue's reading"
     );
     let Some(pending) = pending else { return };
     assert_eq!(usize::from(pending), chains.len(), "chains available");
@@ -312,10 +317,13 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
         let sentinel = (total as usize).min(buf.len());
         let guard_end = (sentinel + 64).min(buf.len());
         buf[sentinel..guard_end].fill(0xa5);
-        let r = read_chain(&hm, &split, head, hdr_len, &mut walk, &mut buf);
+        walk.clear();
+        let end = walk_chain(&hm, split.desc, split.size, head, max_descs, &mut walk);
+        let r = chain_bytes(&walk, end, max_descs)
+            .and_then(|total| copy_chain(&hm, &walk, total, hdr_len, &mut buf));
         assert!(
             buf[sentinel..guard_end].iter().all(|&b| b == 0xa5),
-            "read_chain wrote past the chain's bytes"
+            "copy_chain wrote past the chain's bytes"
         );
         // The walk is virtio-queue's, up to where it stopped.
         let same = walk.len().min(descs.len());

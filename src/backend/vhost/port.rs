@@ -659,10 +659,12 @@ impl SwitchPort for Port {
 
     fn signal_rx(&self, queue: usize) {
         let pair = queue % self.rx.len();
-        // Visible at once; only the call waits for RX coalescing.
-        self.publish_rx_queue(pair);
+        // Visible at once; only the call waits for RX coalescing
+        // (`signal_rx_queue` publishes before it decides).
         if self.rx_coalesce.batch_done(pair) == Announce::Now {
             self.signal_rx_queue(pair);
+        } else {
+            self.publish_rx_queue(pair);
         }
     }
 
