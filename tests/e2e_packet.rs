@@ -3,7 +3,8 @@
 //! address. The real gsonet binary serves one vhost-user port, driven by the in-process
 //! test frontend. A raw AF_PACKET socket inside the namespace captures and injects frames.
 //!
-//! Needs root (network namespaces, veth, AF_PACKET); skipped otherwise.
+//! Needs root (network namespaces, veth, AF_PACKET); fails otherwise, unless
+//! GSONET_ALLOW_SKIP=1.
 
 mod common;
 
@@ -494,8 +495,7 @@ fn guest_to_ns(
 
 #[test]
 fn dev_uplink_passes_gso_both_ways() {
-    if !is_root() {
-        eprintln!("skipped: needs root (netns, veth, AF_PACKET)");
+    if !gsonet::testkit::can_run(is_root(), "root (netns, veth, AF_PACKET)") {
         return;
     }
     let net = Net::new("a").expect("namespace and veth");
@@ -583,8 +583,7 @@ fn recv_matching(
 
 #[test]
 fn dev_uplink_software_gso_fits_the_mtu() {
-    if !is_root() {
-        eprintln!("skipped: needs root (netns, veth, AF_PACKET)");
+    if !gsonet::testkit::can_run(is_root(), "root (netns, veth, AF_PACKET)") {
         return;
     }
     let net = Net::new("b").expect("namespace and veth");
@@ -604,8 +603,7 @@ fn dev_uplink_software_gso_fits_the_mtu() {
 
 #[test]
 fn dev_uplink_with_fanout_and_qdisc_bypass() {
-    if !is_root() {
-        eprintln!("skipped: needs root (netns, veth, AF_PACKET)");
+    if !gsonet::testkit::can_run(is_root(), "root (netns, veth, AF_PACKET)") {
         return;
     }
     let net = Net::new("c").expect("namespace and veth");
@@ -633,8 +631,7 @@ fn dev_uplink_with_fanout_and_qdisc_bypass() {
 /// uplink must put them back, or tagged traffic would land in the untagged domain.
 #[test]
 fn dev_uplink_keeps_vlan_tags_for_access_ports() {
-    if !is_root() {
-        eprintln!("skipping: needs root");
+    if !gsonet::testkit::can_run(is_root(), "root (netns, veth, AF_PACKET)") {
         return;
     }
     let net = Net::new("v").expect("netns + veth");

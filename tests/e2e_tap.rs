@@ -665,6 +665,7 @@ fn a_burst_for_a_full_guest_does_not_delay_the_next_guest() {
 /// the daemon stays near idle and the failures are counted about once a second.
 #[test]
 fn a_deleted_tap_costs_next_to_nothing() {
+    require_tun!();
     let mut d = Daemon::start(&DaemonSpec::ports(1).with_tap("")).expect("start gsonet");
     let tap = d.tap.clone().unwrap();
     let out = std::process::Command::new("ip")

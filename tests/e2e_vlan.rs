@@ -246,8 +246,7 @@ fn untag(s: &Seen) -> (Option<u16>, Vec<u8>) {
 }
 
 fn tap_rig() -> Option<(Rig, PacketSock)> {
-    if !common::daemon::tun_available() {
-        eprintln!("SKIPPED: cannot create a tap via /dev/net/tun (needs root / CAP_NET_ADMIN)");
+    if !gsonet::testkit::can_run(common::daemon::tun_available(), "a tap (root)") {
         return None;
     }
     let r = rig(&spec().with_tap("gso=pass"));

@@ -5,7 +5,7 @@
 //! most once a second and is counted; and an untagged port sends untagged frames only
 //! (802.1ad, 0x9100, any 802.1Q VID, double tags) while a `trunk=on` port passes
 //! exactly its `allowed_vlans`. The VLAN cases watch the tap uplink with AF_PACKET
-//! (root only; skipped without /dev/net/tun).
+//! (root only; fails without /dev/net/tun unless GSONET_ALLOW_SKIP=1).
 
 mod common;
 
@@ -434,8 +434,7 @@ fn forbidden_tags() -> Vec<(&'static str, Vec<(u16, u16)>)> {
 
 #[test]
 fn an_untagged_port_sends_untagged_frames_only() {
-    if !tun_available() {
-        eprintln!("SKIPPED: cannot create a tap via /dev/net/tun (needs root / CAP_NET_ADMIN)");
+    if !gsonet::testkit::can_run(tun_available(), "a tap (root)") {
         return;
     }
     // Port 0 untagged, port 1 an access port of VLAN 10.
@@ -477,8 +476,7 @@ fn an_untagged_port_sends_untagged_frames_only() {
 
 #[test]
 fn a_trunk_port_passes_exactly_its_allowed_vlans() {
-    if !tun_available() {
-        eprintln!("SKIPPED: cannot create a tap via /dev/net/tun (needs root / CAP_NET_ADMIN)");
+    if !gsonet::testkit::can_run(tun_available(), "a tap (root)") {
         return;
     }
     // Port 0 a trunk of VLANs 10, 20 and 21; port 1 an access port of VLAN 10; port 2

@@ -14,6 +14,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use common::daemon::{bin, systemd_verify, tun_available, unique_tag, unique_tap_name};
+use gsonet::testkit::can_run;
 
 const T: Duration = Duration::from_secs(15);
 
@@ -170,8 +171,7 @@ impl Drop for Link {
 
 #[test]
 fn a_tap_outlives_gsonet_and_the_next_one_reattaches() {
-    if !tun_available() {
-        eprintln!("skipped: needs root and /dev/net/tun");
+    if !can_run(tun_available(), "root and /dev/net/tun") {
         return;
     }
     let tag = unique_tag();
@@ -259,8 +259,7 @@ fn a_tap_outlives_gsonet_and_the_next_one_reattaches() {
 
 #[test]
 fn interfaces_that_are_no_usable_tap_are_refused() {
-    if !tun_available() {
-        eprintln!("skipped: needs root and /dev/net/tun");
+    if !can_run(tun_available(), "root and /dev/net/tun") {
         return;
     }
     let tag = unique_tag();
@@ -367,7 +366,7 @@ fn listening_sockets_from_the_service_manager() {
     ]
     .into_iter()
     .find(|p| Path::new(p).exists()) else {
-        eprintln!("skipped: systemd-socket-activate missing (package systemd)");
+        assert!(!can_run(false, "systemd-socket-activate (package systemd)"));
         return;
     };
     let tag = unique_tag();

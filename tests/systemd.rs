@@ -1,6 +1,6 @@
 //! Running under systemd: readiness (READY=1 over `$NOTIFY_SOCKET`, path or abstract)
 //! only once every socket listens, never from a start-up that fails; the shipped unit
-//! passes `systemd-analyze verify` (skipped where systemd-analyze is missing); the
+//! passes `systemd-analyze verify` (which must be installed unless GSONET_ALLOW_SKIP=1); the
 //! example /etc/gsonet.toml is a valid configuration. No root needed.
 
 mod common;

@@ -43,6 +43,25 @@ pub mod gro;
 pub mod oracle;
 pub mod recorder;
 
+/// Whether a test that needs `what` (root, a tap, io_uring, a tool) may run: true when
+/// `ok`. When not, the test fails, since a test that did not run must not count as
+/// passed, unless `GSONET_ALLOW_SKIP=1` is set; then it says SKIPPED and the caller
+/// returns. `make unit` runs the tests as root, so none of them skips there.
+#[must_use]
+pub fn can_run(ok: bool, what: &str) -> bool {
+    if ok {
+        return true;
+    }
+    if std::env::var_os("GSONET_ALLOW_SKIP").is_some_and(|v| v == "1") {
+        eprintln!("SKIPPED (GSONET_ALLOW_SKIP=1): needs {what}");
+        return false;
+    }
+    panic!(
+        "cannot run here: needs {what}. `make unit` runs the tests as root; \
+         GSONET_ALLOW_SKIP=1 lets such a test skip instead of failing"
+    );
+}
+
 /// `fuzz/corpus/<target>` in the source tree.
 pub fn corpus_dir(target: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

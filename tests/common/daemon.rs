@@ -10,8 +10,8 @@
 //! assert_eq!(port_counter(&s, 1, "gso_passed"), 1);
 //! ```
 //!
-//! Tap tests need root: call [`tun_available`] first and skip (eprintln + return)
-//! when it says no.
+//! Tap tests need root: start them with `require_tun!()`, which fails the test where
+//! no tap can be made (unless `GSONET_ALLOW_SKIP=1`).
 
 #![allow(dead_code)]
 
@@ -74,12 +74,15 @@ pub fn tun_available() -> bool {
     unsafe { libc::ioctl(f.as_raw_fd(), TUNSETIFF, &mut req) == 0 }
 }
 
-/// Skips the calling test (returns from it) when taps cannot be created.
+/// Fails the calling test when taps cannot be created, or returns from it when
+/// `GSONET_ALLOW_SKIP=1` ([`gsonet::testkit::can_run`]).
 #[macro_export]
 macro_rules! require_tun {
     () => {
-        if !$crate::common::daemon::tun_available() {
-            eprintln!("SKIPPED: cannot create a tap via /dev/net/tun (needs root / CAP_NET_ADMIN)");
+        if !gsonet::testkit::can_run(
+            $crate::common::daemon::tun_available(),
+            "a tap via /dev/net/tun (root / CAP_NET_ADMIN)",
+        ) {
             return;
         }
     };
@@ -364,7 +367,7 @@ pub fn systemd_verify(units: &[(&str, &str)]) -> Option<(bool, String)> {
         .output()
         .is_err()
     {
-        eprintln!("SKIPPED: systemd-analyze not installed");
+        assert!(!gsonet::testkit::can_run(false, "systemd-analyze"));
         return None;
     }
     let dir = std::env::temp_dir().join(format!("gsonet-sd-{}", unique_tag()));

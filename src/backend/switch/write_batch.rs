@@ -184,13 +184,12 @@ mod tests {
     /// only then; a frame that cannot wait (not stable) sends those waiting first.
     #[test]
     fn stable_frames_reach_a_tap_at_the_flush_in_order() {
-        if !crate::sys::is_root() {
-            eprintln!("skipped: needs root");
+        if !crate::testkit::can_run(crate::sys::is_root(), "root (a tap)") {
             return;
         }
         let mut ctx = DeliverCtx::default();
-        if let Err(e) = ctx.batch_writes() {
-            eprintln!("skipped: no io_uring ({e})");
+        let uring = ctx.batch_writes();
+        if !crate::testkit::can_run(uring.is_ok(), &format!("io_uring ({uring:?})")) {
             return;
         }
         let name = format!("gswb{}", std::process::id() % 100_000);

@@ -298,8 +298,7 @@ mod tests {
 
     #[test]
     fn opens_loopback_with_a_vnet_header() {
-        if !crate::sys::is_root() {
-            eprintln!("skipped: needs root");
+        if !crate::testkit::can_run(crate::sys::is_root(), "root") {
             return;
         }
         let s = PacketSocket::open("lo", 2, true).unwrap();
@@ -312,8 +311,7 @@ mod tests {
     /// the frame bytes must come out where they went in.
     #[test]
     fn legacy_and_12_byte_headers_interoperate() {
-        if !crate::sys::is_root() {
-            eprintln!("skipped: needs root");
+        if !crate::testkit::can_run(crate::sys::is_root(), "root") {
             return;
         }
         let legacy = PacketSocket::open_with("lo", 1, false, true).unwrap();

@@ -528,8 +528,7 @@ mod tests {
     /// owner; a removed uplink makes the owner let go.
     #[test]
     fn an_owned_queue_is_served_in_order_and_never_stranded() {
-        if !crate::sys::is_root() {
-            eprintln!("skipped: needs root");
+        if !crate::testkit::can_run(crate::sys::is_root(), "root") {
             return;
         }
         let name = format!("gsown{}", std::process::id() % 100_000);
