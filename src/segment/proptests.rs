@@ -134,11 +134,14 @@ proptest! {
             Err(SegmentError::FragmentTooSmall { .. }) if c.kind == GsoKind::Udp => {}
             Err(e) => prop_assert!(false, "unexpected error {e:?}"),
         }
-        // What validate accepts, segment does (without a cap).
+        // What validate accepts, segment does (without a cap), and both count the
+        // segments the oracle derives from the frame.
         if let Ok(v) = validate(&hdr, &frame) {
             let r = run(&hdr, &frame, &SegmentOpts::default());
             prop_assert!(r.is_ok(), "validated but {r:?}");
-            prop_assert_eq!(v.segments(), r.unwrap().0.segments);
+            let want = expect(&c.spec, &hdr, &SegmentOpts::default()).sizes.len();
+            prop_assert_eq!(v.segments(), want);
+            prop_assert_eq!(r.unwrap().0.segments, want);
         }
     }
 }

@@ -1,5 +1,7 @@
 //! The independent oracle of the segmenter tests: runs the segmenter and checks every
 //! output segment with `etherparse` (parser and checksums), never with our own parser.
+//! What the segments must be (count, sizes, sequence numbers, offsets) comes from the
+//! input frame, its header and the cap alone ([`expect`]), never from the segmenter.
 
 use etherparse::{NetHeaders, PacketHeaders, TransportHeader};
 
@@ -23,6 +25,85 @@ pub fn run(
         true
     })?;
     Ok((sum, segs))
+}
+
+/// The segments a GSO frame must become, by the rules of REFERENCES.md: TCP and USO cut
+/// the L4 payload into pieces of gso_size (smaller when the L3 cap leaves less room
+/// beside the headers), the last one the remainder; UFO sends one datagram when it fits
+/// gso_size and the cap, else cuts everything after the unfragmentable headers into
+/// fragments of a multiple of 8.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expected {
+    /// Payload of a full segment (TCP/USO: L4 payload; UFO: fragment data).
+    pub mss: usize,
+    /// Every segment's payload (or fragment data) length, in order.
+    pub sizes: Vec<usize>,
+    /// Whether the segments are IP fragments.
+    pub fragments: bool,
+}
+
+/// [`Expected`] for the frame `spec` builds with `hdr` and `opts`: the header sizes
+/// come from etherparse's parse of the input and the spec's own layout.
+pub fn expect(spec: &FrameSpec, hdr: &VirtioNetHdr, opts: &SegmentOpts) -> Expected {
+    let (input, _) = build(spec);
+    let p = PacketHeaders::from_ethernet_slice(&input).expect("etherparse rejects the input");
+    let l3_off = 14 + 4 * p.link_exts.len();
+    let l4_off = l3_off
+        + match &p.net {
+            Some(NetHeaders::Ipv4(h, e)) => h.header_len() + e.header_len(),
+            Some(NetHeaders::Ipv6(_, e)) => 40 + e.header_len(),
+            other => panic!("input is not IP: {other:?}"),
+        };
+    let l4_hdr = match &p.transport {
+        Some(TransportHeader::Tcp(t)) => t.header_len(),
+        Some(TransportHeader::Udp(_)) => 8,
+        other => panic!("input is not TCP or UDP: {other:?}"),
+    };
+    let gso = usize::from(hdr.gso_size);
+    let cap = opts.max_frame.unwrap_or(usize::MAX);
+    let cut = |total: usize, size: usize| -> Vec<usize> {
+        assert!(size > 0, "no room for payload");
+        if total == 0 {
+            return vec![0];
+        }
+        (0..total)
+            .step_by(size)
+            .map(|o| size.min(total - o))
+            .collect()
+    };
+    let payload = spec.payload.len();
+    assert_eq!(
+        input.len(),
+        l4_off + l4_hdr + payload,
+        "spec and parse disagree"
+    );
+    if hdr.gso.kind == GsoKind::Udp {
+        if l4_hdr + payload <= gso && input.len() - l3_off <= cap {
+            return Expected {
+                mss: gso,
+                sizes: vec![payload],
+                fragments: false,
+            };
+        }
+        // IPv6 adds an 8-byte Fragment header behind the unfragmentable part.
+        let (unfrag, frag_hdr) = if spec.v6 {
+            (ip6_unfrag_end(spec), 8)
+        } else {
+            (l4_off, 0)
+        };
+        let size = gso.min(cap - (unfrag - l3_off + frag_hdr)) / 8 * 8;
+        return Expected {
+            mss: size,
+            sizes: cut(input.len() - unfrag, size),
+            fragments: true,
+        };
+    }
+    let mss = gso.min(cap - (l4_off + l4_hdr - l3_off));
+    Expected {
+        mss,
+        sizes: cut(payload, mss),
+        fragments: false,
+    }
 }
 
 /// What the oracle learnt from the output.
@@ -103,13 +184,23 @@ pub fn check(
 ) -> Checked {
     let (input, l4_off) = build(spec);
     let l3_off = 14 + 4 * spec.vlans.len();
-    let gso = usize::from(hdr.gso_size);
     let cap = opts.max_frame.unwrap_or(usize::MAX);
+    let exp = expect(spec, hdr, opts);
     assert_eq!(sum.segments, segs.len());
+    let sizes: Vec<usize> = segs.iter().map(|s| s.1.len()).collect();
+    assert_eq!(
+        segs.len(),
+        exp.sizes.len(),
+        "segment count {sizes:?} vs {exp:?}"
+    );
+    if sum.kind != GsoKind::None {
+        assert_eq!(sum.mss, exp.mss, "mss");
+    }
     assert_eq!(sum.bytes, segs.iter().map(|s| s.1.len()).sum::<usize>());
     let mut out = Checked { payloads: vec![] };
     let n = segs.len();
     let ufo = hdr.gso.kind == GsoKind::Udp;
+    assert_eq!(ufo && n > 1, exp.fragments, "fragments or datagrams");
     let mut reasm = vec![None::<u8>; if ufo { 70000 } else { 0 }];
     let mut ufo_id = None;
     let mut next_off = 0usize;
@@ -189,7 +280,8 @@ pub fn check(
                 }
                 _ => unreachable!(),
             };
-            assert!(data.len() <= gso);
+            assert_eq!(data.len(), exp.sizes[i], "fragment {i} size");
+            assert_eq!(off, i * exp.mss, "fragment {i} offset");
             if more {
                 assert_eq!(data.len() % 8, 0);
             }
@@ -226,13 +318,14 @@ pub fn check(
                     assert_eq!(vnet.flags, 0);
                     assert_eq!(t.checksum, want, "TCP checksum of segment {i}");
                 }
-                assert!(p.payload.len() <= gso);
+                assert_eq!(p.payload.len(), exp.sizes[i], "TCP segment {i} size");
                 let in_t = etherparse::TcpHeader::from_slice(&input[l4_off..])
                     .unwrap()
                     .0;
                 assert_eq!(
                     t.sequence_number,
-                    spec.seq.wrapping_add((i * sum.mss) as u32)
+                    spec.seq.wrapping_add((i * exp.mss) as u32),
+                    "sequence number of segment {i}"
                 );
                 assert_eq!(t.options.as_slice(), in_t.options.as_slice(), "TCP options");
                 assert_eq!(
@@ -278,7 +371,7 @@ pub fn check(
                     assert_eq!(vnet.flags, 0);
                     assert_eq!(u.checksum, want, "UDP checksum of segment {i}");
                 }
-                assert!(p.payload.len() <= gso.max(spec.payload.len() * usize::from(ufo)));
+                assert_eq!(p.payload.len(), exp.sizes[i], "UDP segment {i} size");
                 assert_eq!((u.source_port, u.destination_port), spec.ports());
                 out.payloads.push(p.payload.len());
                 assert_eq!(
