@@ -28,6 +28,8 @@
 mod frames;
 #[path = "../tests/common/frontend.rs"]
 mod frontend;
+#[path = "../tests/common/wire_hdr.rs"]
+mod wire_hdr;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

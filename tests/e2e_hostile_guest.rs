@@ -702,7 +702,7 @@ fn fuzz_header(rng: &mut Rng, valid: &VirtioNetHdr, len: usize) -> [u8; HDR_LEN]
         b.copy_from_slice(&rng.bytes(HDR_LEN));
         return b;
     }
-    let mut b = valid.to_bytes();
+    let mut b = common::wire_hdr::encode(valid);
     let fields = rng.range(1, 3);
     for _ in 0..fields {
         let x = rng.next();
@@ -871,7 +871,7 @@ fn fill_scratch(rng: &mut Rng, a: &TestFrontend, s: &Scratch) {
     for _ in 0..4 {
         let gso = rng.chance(30);
         let (h, f) = valid_frame(rng, frames::BROADCAST, gso);
-        let mut b = h.to_bytes().to_vec();
+        let mut b = common::wire_hdr::encode(&h).to_vec();
         b.extend_from_slice(&f[..f.len().min(2000)]);
         let at = s.addr + rng.below(s.len - b.len() as u64);
         mem.write_slice(&b, GuestAddress(at)).unwrap();
@@ -1115,7 +1115,7 @@ impl Harness {
     /// A broadcasts a good frame: every peer must get exactly it.
     fn marker(&mut self, rng: &mut Rng) {
         let (h, f) = self.good_frame(a_mac(), frames::BROADCAST, rng);
-        let mut b = h.to_bytes().to_vec();
+        let mut b = common::wire_hdr::encode(&h).to_vec();
         b.extend_from_slice(&f);
         let layout = random_layout(rng, b.len());
         self.send_a(&b, layout);
@@ -1183,7 +1183,7 @@ impl Harness {
         self.send_sent(
             rng,
             Sent {
-                hdr: h.to_bytes(),
+                hdr: common::wire_hdr::encode(&h),
                 frame: f,
                 // USO may ask for at most 128 segments (Linux UDP_MAX_SEGMENTS).
                 must_arrive: clean && uso_ok,

@@ -283,13 +283,13 @@ impl Raw {
             let n = n as usize;
             let mut h = [0u8; 12];
             h[..VNET10].copy_from_slice(&buf[..VNET10]);
-            let hdr = VirtioNetHdr::from_bytes(&h).expect("kernel vnet header");
+            let hdr = common::wire_hdr::decode(&h).expect("kernel vnet header");
             return Some((hdr, buf[VNET10..n].to_vec()));
         }
     }
 
     fn send(&self, hdr: &VirtioNetHdr, frame: &[u8]) {
-        let hb = hdr.to_bytes();
+        let hb = common::wire_hdr::encode(hdr);
         let iov = [
             libc::iovec {
                 iov_base: hb.as_ptr() as *mut libc::c_void,

@@ -355,7 +355,7 @@ fn bad_gso_headers_are_dropped_and_counted() {
     let (_, f) = frames::tcp(&flow, 1, &frames::payload(5000, 9), Some(MSS4));
     let (hdr, _) = frames::tcp(&flow, 1, &frames::payload(5000, 9), Some(MSS4));
     for bad_type in [2u8, 6, 0x7f, 0x82] {
-        let mut bytes = hdr.to_bytes().to_vec();
+        let mut bytes = common::wire_hdr::encode(&hdr).to_vec();
         bytes[1] = bad_type;
         bytes.extend_from_slice(&f);
         r.fe.send_bytes(&bytes, TxLayout::HeaderSeparate).unwrap();

@@ -514,7 +514,7 @@ fn malformed_chains_are_published_and_reclaimed() {
     }
     // Unknown gso_type (2) can only be sent as raw bytes; the loopback forwards it and
     // the frontend reports the device header as bad.
-    let mut bytes = VirtioNetHdr::default().to_bytes().to_vec();
+    let mut bytes = common::wire_hdr::encode(&VirtioNetHdr::default()).to_vec();
     bytes[1] = 2;
     bytes.extend_from_slice(&payload(60, 1));
     fe.send_bytes(&bytes, TxLayout::Single).unwrap();

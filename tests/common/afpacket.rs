@@ -75,7 +75,7 @@ impl PacketSock {
     /// Sends `frame` out of the interface (towards gsonet). With PACKET_VNET_HDR,
     /// `hdr` describes it (GSO, partial checksum); otherwise it is ignored.
     pub fn send(&self, hdr: &VirtioNetHdr, frame: &[u8]) -> Result<()> {
-        let hb = hdr.to_bytes();
+        let hb = super::wire_hdr::encode(hdr);
         let vnet: &[u8] = if self.vnet { &hb[..PKT_VNET_LEN] } else { &[] };
         let want = vnet.len() + frame.len();
         let n = match self.sock.send(&[vnet, frame]) {
@@ -115,7 +115,7 @@ impl PacketSock {
                 }
                 let mut h = [0u8; 12];
                 h[..PKT_VNET_LEN].copy_from_slice(&buf[..PKT_VNET_LEN]);
-                let mut v = VirtioNetHdr::from_bytes(&h)?;
+                let mut v = super::wire_hdr::decode(&h)?;
                 v.num_buffers = 0;
                 (Some(v), buf[PKT_VNET_LEN..n].to_vec())
             } else {

@@ -807,7 +807,7 @@ impl TestFrontend {
     /// then kick (subject to notification suppression). Returns the head index.
     pub fn send(&mut self, hdr: &VirtioNetHdr, frame: &[u8], layout: TxLayout) -> Result<u16> {
         let mut bytes = Vec::with_capacity(HDR_LEN + frame.len());
-        bytes.extend_from_slice(&hdr.to_bytes());
+        bytes.extend_from_slice(&super::wire_hdr::encode(hdr));
         bytes.extend_from_slice(frame);
         self.send_bytes(&bytes, layout)
     }
@@ -887,7 +887,7 @@ impl TestFrontend {
 
     /// Publish one of the canned malformed chains on TX and kick. Returns the head.
     pub fn send_bad(&mut self, bad: BadTx) -> Result<u16> {
-        let hdr = VirtioNetHdr::default().to_bytes();
+        let hdr = super::wire_hdr::encode(&VirtioNetHdr::default());
         let frame = vec![0x5a; 64];
         let h = self.alloc_guest(&hdr)?;
         let f = self.alloc_guest(&frame)?;
@@ -1142,7 +1142,7 @@ impl TestFrontend {
         );
         let mut raw_hdr = [0u8; HDR_LEN];
         raw_hdr.copy_from_slice(&data[..HDR_LEN]);
-        let hdr = VirtioNetHdr::from_bytes(&raw_hdr).map_err(|e| anyhow!("device header: {e}"))?;
+        let hdr = super::wire_hdr::decode(&raw_hdr).map_err(|e| anyhow!("device header: {e}"))?;
         let nb = hdr.num_buffers;
         let mut buffers = bufs_first;
         if mrg {

@@ -5,3 +5,4 @@ pub mod daemon;
 pub mod frames;
 pub mod frontend;
 pub mod rx;
+pub mod wire_hdr;
