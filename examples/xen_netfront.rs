@@ -48,7 +48,7 @@ struct Args {
 
 /// A grant ref no one granted.
 const BAD_GREF: u32 = 0x0fff_fff0;
-/// Pages: TX ring, RX ring, then data.
+/// Pages: a TX ring and an RX ring per queue, then data.
 const DATA_PAGES: usize = 17;
 const T: Duration = Duration::from_secs(10);
 
@@ -58,7 +58,9 @@ struct Front {
     be: String,
     pages: GrantedPages,
     evt: EvtchnDev,
+    /// The first queue's event channel; `ports` has every queue's.
     port: u32,
+    ports: Vec<u32>,
     req_prod: u32,
     rsp_cons: u32,
     rx_req_prod: u32,
@@ -97,23 +99,34 @@ impl Front {
         self.pages.page(1)
     }
     fn data_gref(&self, i: usize) -> u32 {
-        self.pages.gref(2 + i % DATA_PAGES)
+        self.pages.gref(2 * self.ports.len() + i % DATA_PAGES)
     }
 
     /// Grants fresh rings, offers them under our xenstore keys, and waits for gsonet
     /// to connect (backend state 4).
     fn connect(devid: u32, mac: &str) -> Result<Front> {
+        let mut f = Front::setup(devid, mac, 1)?;
+        f.offer_rings()?;
+        Ok(f)
+    }
+
+    /// Grants fresh rings for `queues` queues, writes the vif's directories and waits
+    /// for gsonet's InitWait; the rings are not offered yet.
+    fn setup(devid: u32, mac: &str, queues: usize) -> Result<Front> {
         let mut xs = Xenstore::open().context("xenstore")?;
         let fe = format!("/local/domain/0/device/vif/{devid}");
         let be = format!("/local/domain/0/backend/vif/0/{devid}");
-        let pages = GrantedPages::alloc(0, 2 + DATA_PAGES).context("gntalloc")?;
-        for r in [pages.page(0), pages.page(1)] {
+        let pages = GrantedPages::alloc(0, 2 * queues + DATA_PAGES).context("gntalloc")?;
+        for i in 0..2 * queues {
             // SHARED_RING_INIT: producers 0, event indexes 1.
-            r.store(netif::REQ_EVENT, 1);
-            r.store(netif::RSP_EVENT, 1);
+            pages.page(i).store(netif::REQ_EVENT, 1);
+            pages.page(i).store(netif::RSP_EVENT, 1);
         }
         let evt = EvtchnDev::open().context("/dev/xen/evtchn")?;
-        let port = evt.bind_unbound(0).context("unbound event channel")?;
+        let ports = (0..queues)
+            .map(|_| evt.bind_unbound(0).context("unbound event channel"))
+            .collect::<Result<Vec<u32>>>()?;
+        let port = ports[0];
         let _ = xs.rm(&be);
         let _ = xs.rm(&fe);
         let handle = devid.to_string();
@@ -146,6 +159,7 @@ impl Front {
             pages,
             evt,
             port,
+            ports,
             req_prod: 0,
             rsp_cons: 0,
             rx_req_prod: 0,
@@ -153,30 +167,53 @@ impl Front {
             next_id: 0,
         };
         f.await_backend(2)?;
-        f.offer_rings()?;
         Ok(f)
     }
 
+    /// The keys an honest netfront writes for its queues (flat for one, under
+    /// `queue-N/` for more), in order.
+    fn ring_keys(&self) -> Vec<(String, String)> {
+        let n = self.ports.len();
+        let mut k = vec![("multi-queue-num-queues".to_string(), n.to_string())];
+        for (q, port) in self.ports.iter().enumerate() {
+            let dir = if n == 1 {
+                String::new()
+            } else {
+                format!("queue-{q}/")
+            };
+            k.push((
+                format!("{dir}tx-ring-ref"),
+                self.pages.gref(2 * q).to_string(),
+            ));
+            k.push((
+                format!("{dir}rx-ring-ref"),
+                self.pages.gref(2 * q + 1).to_string(),
+            ));
+            k.push((format!("{dir}event-channel"), port.to_string()));
+        }
+        for f in [
+            "request-rx-copy",
+            "feature-rx-notify",
+            "feature-sg",
+            "feature-gso-tcpv4",
+        ] {
+            k.push((f.to_string(), "1".to_string()));
+        }
+        k
+    }
+
+    /// Writes `keys` and says Connected.
+    fn offer(&mut self, keys: &[(String, String)]) -> Result<()> {
+        for (k, v) in keys {
+            self.xs.write(&format!("{}/{k}", self.fe), v)?;
+        }
+        self.xs.write(&format!("{}/state", self.fe), "4")?;
+        Ok(())
+    }
+
     fn offer_rings(&mut self) -> Result<()> {
-        let (tx, rx, evt) = (
-            self.pages.gref(0).to_string(),
-            self.pages.gref(1).to_string(),
-            self.port.to_string(),
-        );
-        write_keys(
-            &mut self.xs,
-            &self.fe,
-            &[
-                ("tx-ring-ref", &tx),
-                ("rx-ring-ref", &rx),
-                ("event-channel", &evt),
-                ("request-rx-copy", "1"),
-                ("feature-rx-notify", "1"),
-                ("feature-sg", "1"),
-                ("feature-gso-tcpv4", "1"),
-                ("state", "4"),
-            ],
-        )?;
+        let keys = self.ring_keys();
+        self.offer(&keys)?;
         self.await_backend(4)
     }
 
@@ -254,6 +291,41 @@ impl Front {
             size,
         }
         .encode()
+    }
+
+    /// One packet on queue `q`'s TX ring, notified on the queue's own event channel:
+    /// whether its answer, on that ring, is `want`.
+    fn expect_on_queue(&mut self, q: usize, slot: [u8; netif::TX_SLOT], want: i16) -> String {
+        let port = self.ports[q];
+        let ring = self.pages.page(2 * q);
+        let prod = ring.load(netif::REQ_PROD);
+        ring.write(netif::tx_slot_off(prod), &slot);
+        ring.store(netif::REQ_PROD, prod.wrapping_add(1));
+        ring.full_fence();
+        if let Err(e) = self.evt.notify(port) {
+            return format!("fail:notify:{e}");
+        }
+        let start = Instant::now();
+        while ring.load(netif::RSP_PROD) != prod.wrapping_add(1) {
+            if start.elapsed() > T {
+                return format!("fail:no-answer-on-queue-{q}");
+            }
+            sleep(Duration::from_millis(2));
+        }
+        let mut b = [0u8; 4];
+        ring.read(netif::tx_slot_off(prod), &mut b);
+        match i16::from_le_bytes([b[2], b[3]]) {
+            s if s == want => "ok".into(),
+            s => format!("fail:queue-{q}-answer:{s}:want:{want}"),
+        }
+    }
+
+    /// Says Closing, waits for the backend's Closed, says Closed.
+    fn close(mut self) -> Result<()> {
+        self.xs.write(&format!("{}/state", self.fe), "5")?;
+        self.await_backend(6)?;
+        self.xs.write(&format!("{}/state", self.fe), "6")?;
+        Ok(())
     }
 
     /// Sends `slots` and checks that their answers are `want`.
@@ -423,7 +495,103 @@ fn main() -> Result<()> {
     let d0 = f.data_gref(0);
     let s = [f.req(d0, 0, 0, arp_len)];
     report("reconnect", &f.expect(&s, true, &[OK]));
-    f.xs.write(&format!("{}/state", f.fe), "5")?;
-    f.await_backend(6)?;
-    Ok(())
+    f.close()?;
+    queue_cases(args.devid, &args.mac, &arp)
+}
+
+/// A netfront with `queues` queues whose keys `edit` spoils: gsonet must refuse it
+/// (Closing, then Closed, with an `error` key containing `want`), never Connected.
+fn refused(
+    devid: u32,
+    mac: &str,
+    queues: usize,
+    want: &str,
+    edit: impl FnOnce(&mut Vec<(String, String)>, u32),
+) -> Result<String> {
+    let mut f = Front::setup(devid, mac, queues)?;
+    let max_key = format!("{}/multi-queue-max-queues", f.be);
+    let Some(max) =
+        f.xs.try_read(&max_key)?
+            .and_then(|v| v.trim().parse::<u32>().ok())
+    else {
+        return Ok("fail:no-multi-queue-max-queues".into());
+    };
+    let mut keys = f.ring_keys();
+    edit(&mut keys, max);
+    f.offer(&keys)?;
+    let start = Instant::now();
+    let outcome = loop {
+        let state = f.xs.try_read(&format!("{}/state", f.be))?;
+        match state.as_deref().map(str::trim) {
+            Some("4") => break "fail:connected".to_string(),
+            Some("5" | "6") => {
+                let err =
+                    f.xs.try_read(&format!("{}/error", f.be))?
+                        .unwrap_or_default();
+                break if err.contains(want) {
+                    "ok".to_string()
+                } else {
+                    format!("fail:error:{err:?}:want:{want:?}")
+                };
+            }
+            _ if start.elapsed() > T => break format!("fail:state:{state:?}"),
+            _ => sleep(Duration::from_millis(20)),
+        }
+    };
+    println!("XT-NOTE hostile queues {queues} (max {max}): {outcome}");
+    f.xs.write(&format!("{}/state", f.fe), "6")?;
+    Ok(outcome)
+}
+
+fn set(keys: &mut [(String, String)], key: &str, value: String) {
+    if let Some(k) = keys.iter_mut().find(|(k, _)| k == key) {
+        k.1 = value;
+    }
+}
+
+fn get(keys: &[(String, String)], key: &str) -> String {
+    keys.iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default()
+}
+
+fn queue_cases(devid: u32, mac: &str, arp: &[u8]) -> Result<()> {
+    let r = refused(devid, mac, 2, "queues; 1 to", |k, max| {
+        set(k, "multi-queue-num-queues", (max + 1).to_string())
+    })?;
+    report("queues_too_many", &r);
+    let r = refused(devid, mac, 2, "queues; 1 to", |k, _| {
+        set(k, "multi-queue-num-queues", "0".into())
+    })?;
+    report("queues_zero", &r);
+    let r = refused(devid, mac, 2, "queue-1/rx-ring-ref: missing", |k, _| {
+        k.retain(|(k, _)| k != "queue-1/rx-ring-ref")
+    })?;
+    report("queue_keys_missing", &r);
+    let r = refused(devid, mac, 2, "shared between queues", |k, _| {
+        let tx0 = get(k, "queue-0/tx-ring-ref");
+        set(k, "queue-1/tx-ring-ref", tx0)
+    })?;
+    report("queue_rings_shared", &r);
+    let r = refused(devid, mac, 2, "shared between queues", |k, _| {
+        let e0 = get(k, "queue-0/event-channel");
+        set(k, "queue-1/event-channel", e0)
+    })?;
+    report("queue_evtchn_shared", &r);
+    // Two honest queues: each served on its own ring and event channel.
+    let mut f = Front::setup(devid, mac, 2)?;
+    f.offer_rings()?;
+    f.pages.page(4).write(0, arp);
+    let d0 = f.data_gref(0);
+    let mut outcome = "ok".to_string();
+    for q in [1, 0] {
+        let s = f.req(d0, 0, 0, arp.len() as u16);
+        let r = f.expect_on_queue(q, s, OK);
+        if r != "ok" {
+            outcome = r;
+        }
+    }
+    report("two_queues", &outcome);
+    f.close()
 }

@@ -89,6 +89,39 @@ def test_domu_ping_iperf3(xen_gsonet, record_measurement):
     assert _vif(run, "after_domu_to_dom0")["tx_max_frame"] > 1514
 
 
+def _irqs(words: str) -> dict[str, int]:
+    """domu_queue_irqs' NAME=COUNT words as a dict."""
+    return {k: int(v) for k, v in (w.split("=", 1) for w in words.split())}
+
+
+def test_two_queue_domu(xen_gsonet, record_measurement):
+    """A 2-vCPU domU on `--xen-vif auto,queues=2`: its netfront opens two queues
+    (multi-queue-num-queues=2), gsonet runs a worker for each, 4 iperf3 streams
+    cross both ways, 8 MiB md5-checked each way; and both queues carried traffic in
+    both directions, as the domU's own interrupt counts of each queue's TX and RX
+    event channels say (RX: gsonet steers each flow by its hash; TX: the netfront
+    picks the queue; the run opens dozens of connections)."""
+    run = _boot("two-queues", XT_SECONDS=3, XT_MD5_MIB=8, XT_DOMU_VCPUS=2,
+                XT_VIF_OPTS=",queues=2", XT_IPERF_ARGS="-P 4")
+    r = run.results
+    assert r.get("gsonet.queues") == "2", (r, run.log_path)
+    assert r.get("gsonet.worker_nice") == "-5 -5", (r, run.log_path)
+    assert r.get("gsonet.md5_to_domu") == "ok", run.log_path
+    assert r.get("gsonet.md5_from_domu") == "ok", run.log_path
+    down = run.number("gsonet.dom0_to_domu_mbps")
+    up = run.number("gsonet.domu_to_dom0_mbps")
+    record_measurement("xen.gsonet.two_queues.dom0_to_domu_mbps", down)
+    record_measurement("xen.gsonet.two_queues.domu_to_dom0_mbps", up)
+    assert down > 0.1 and up > 0.1, r
+    start, end = _irqs(r["gsonet.irqs_start"]), _irqs(r["gsonet.irqs_end"])
+    record_measurement("xen.gsonet.two_queues.irqs", {"start": start, "end": end})
+    for q in (0, 1):
+        for d in ("tx", "rx"):
+            name = f"vif0-q{q}-{d}"
+            assert name in end, (name, end, run.log_path)
+            assert end[name] > start.get(name, 0), (name, start, end, run.log_path)
+
+
 @pytest.mark.full
 def test_domu_md5_64mib(xen_gsonet):
     """64 MiB of random data each way between dom0 and a domU, md5-checked."""
@@ -196,22 +229,33 @@ HOSTILE_COUNTERS = {
 }
 
 
+# The multi-queue cases: each refused (Closing, Closed, `error` saying why, never
+# Connected), then two honest queues served on their own rings.
+QUEUE_CASES = ["queues_too_many", "queues_zero", "queue_keys_missing", "queue_rings_shared",
+               "queue_evtchn_shared", "two_queues"]
+
+
 def test_malformed_netfront(xen_gsonet, record_measurement):
     """A netfront in dom0 (examples/xen_netfront.rs, on grants of dom0's own pages)
     writes each malformed TX ring of issue 12's list, floods its event channel, posts
     RX buffers it never granted and jumps its ring index: every bad packet is
     answered NETIF_RSP_ERROR and counted, good packets before and after are served,
     the vif comes back after the netfront reconnects, and an honest domU on the same
-    gsonet answers every ping meanwhile and moves md5-checked data after."""
+    gsonet answers every ping meanwhile and moves md5-checked data after. Then it
+    asks for more queues than offered, or none, leaves a queue's keys out, shares a
+    ring or an event channel between two queues: each refused with a log line; and
+    two honest queues are each served."""
     prog = Path(paths.GSONET_BIN).parent / "examples" / "xen_netfront"
     if not prog.is_file():
         pytest.fail(f"{prog} missing (cargo build --release --example xen_netfront)")
     run = xen.XenRig("gsonet-hostile", xen.scenario("hostile-netfront"),
                      files={"xen_netfront": prog.read_bytes()}).run()
-    cases = ["valid", "no_event", "flood", "reconnect", *HOSTILE_COUNTERS]
+    cases = ["valid", "no_event", "flood", "reconnect", *HOSTILE_COUNTERS, *QUEUE_CASES]
     bad = {c: run.results.get(f"hostile.{c}") for c in cases
            if run.results.get(f"hostile.{c}") != "ok"}
     assert not bad, f"{bad}: {run.log_path}"
+    refusals = int(run.results["hostile.refusal_log_lines"])
+    assert refusals >= len(QUEUE_CASES) - 1, (refusals, run.log_path)
     # vif0.9 took a free auto slot, unused before: its counters are all its own.
     vif = _port(run, "after_hostile", "vif0.9")
     honest = f"vif{run.results['gsonet.domid1']}.0"

@@ -642,8 +642,11 @@ pub struct XenVifConfig {
     /// Write a TX batch's frames to a tap with one io_uring submission, not a writev
     /// each (where io_uring is available).
     pub uring: bool,
-    /// The nice value of the vif's worker thread.
+    /// The nice value of the vif's worker threads.
     pub nice: i32,
+    /// Most queues a netfront may open (`multi-queue-max-queues`), each with its own
+    /// worker thread: 1 to `XEN_MAX_QUEUES`.
+    pub queues: usize,
 }
 
 /// A vif worker's default nice value. A little above the processes it serves: the
@@ -657,12 +660,23 @@ pub const XEN_WORKER_NICE: i32 = -5;
 /// Most vifs `--xen-vif auto` serves at once, unless `max=` says otherwise.
 pub const XEN_AUTO_MAX: usize = 8;
 
+/// Most queues per vif (`queues=`): Linux's netfront asks for no more by default.
+pub const XEN_MAX_QUEUES: usize = 8;
+
+/// A vif's queues unless `queues=` says otherwise: one per dom0 CPU, at most
+/// `XEN_MAX_QUEUES` (a netfront asks for one per vCPU of its own, up to this).
+pub fn xen_default_queues() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, XEN_MAX_QUEUES)
+}
+
 impl XenVifConfig {
     pub const KEYS: &'static str =
-        "domid (or auto), devid, max (auto only), mac, tso, csum, uring, nice";
+        "domid (or auto), devid, max (auto only), mac, tso, csum, uring, nice, queues";
 
     /// Parses `domid=D[,devid=N][,mac=MAC][,tso=on|off][,csum=on|off][,uring=on|off]
-    /// [,nice=N]` or `auto[,max=N]` with the same switches.
+    /// [,nice=N][,queues=N]` or `auto[,max=N]` with the same switches.
     pub fn parse(s: &str) -> Result<XenVifConfig, ConfigError> {
         Self::from_pairs(pairs(s))
     }
@@ -677,6 +691,7 @@ impl XenVifConfig {
             csum: true,
             uring: true,
             nice: XEN_WORKER_NICE,
+            queues: xen_default_queues(),
         };
         for (k, v) in kv {
             match k.as_str() {
@@ -695,6 +710,7 @@ impl XenVifConfig {
                 "csum" => c.csum = on_off(W, &k, &v)?,
                 "uring" => c.uring = on_off(W, &k, &v)?,
                 "nice" => c.nice = number(W, &k, &v, -20i32, 19)?,
+                "queues" => c.queues = number(W, &k, &v, 1usize, XEN_MAX_QUEUES)?,
                 _ => {
                     return Err(ConfigError::UnknownKey {
                         what: W,
@@ -1337,6 +1353,9 @@ mod tests {
         assert_eq!(one.nice, XEN_WORKER_NICE);
         assert_eq!(XenVifConfig::parse("auto,nice=0").unwrap().nice, 0);
         assert_eq!(XenVifConfig::parse("domid=2,nice=-20").unwrap().nice, -20);
+        assert_eq!(XenVifConfig::parse("auto,queues=2").unwrap().queues, 2);
+        let q = XenVifConfig::parse("auto").unwrap().queues;
+        assert!((1..=XEN_MAX_QUEUES).contains(&q), "{q}");
         for bad in [
             "",
             "devid=1",
@@ -1351,6 +1370,8 @@ mod tests {
             "domid=1,nice=-21",
             "auto,nice=20",
             "auto,nice=high",
+            "auto,queues=0",
+            "auto,queues=9",
         ] {
             assert!(XenVifConfig::parse(bad).is_err(), "{bad:?} accepted");
         }

@@ -192,7 +192,9 @@ struct ServeArgs {
     /// [,tso=on|off][,csum=on|off][,uring=on|off][,nice=N] serves backend/vif/D/N;
     /// auto[,max=N] attaches every vif that appears under backend/vif/ (at most N at
     /// once, default 8). uring=on (default): a TX batch's frames go to a tap in one
-    /// io_uring submission. nice=N (default -5): the vif worker thread's nice value.
+    /// io_uring submission. nice=N (default -5): the vif worker threads' nice value.
+    /// queues=N (1-8, default dom0's CPUs up to 8): most queues a netfront may open
+    /// (multi-queue-max-queues), one worker thread each.
     /// The domU's vif uses script=vif-none, with the kernel's xen-netback not loaded.
     #[arg(long = "xen-vif", value_name = "SPEC")]
     xen_vifs: Vec<String>,

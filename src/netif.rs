@@ -140,10 +140,10 @@ pub struct Fragment {
     pub len: u16,
 }
 
-/// A TX packet that passed the slot rules: where its bytes are and what it asks for.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// A TX packet that passed the slot rules: what it asks for. Its fragments are
+/// where `parse_tx` put them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TxPlan {
-    pub frags: Vec<Fragment>,
     /// Bytes in the packet (the first request's size).
     pub len: usize,
     /// The first request's NETTXF_* flags.
@@ -152,16 +152,16 @@ pub struct TxPlan {
     pub gso: Option<(GsoKind, u16)>,
 }
 
-/// One run of TX slots read from the ring: the responses it needs (one per slot: the
-/// request id, or `None` for an extra-info slot) and what it was.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One run of TX slots read from the ring: how many slots it took (their responses:
+/// the ids `parse_tx` appended) and what it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TxRun {
-    pub ids: Vec<Option<u16>>,
+    pub slots: u32,
     pub packet: Result<TxPlan, DropReason>,
 }
 
 /// What the slots from the consumer index on hold.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TxParse {
     /// A whole run of slots (a packet, or one to drop and answer with errors).
     Run(TxRun),
@@ -174,7 +174,35 @@ pub enum TxParse {
 /// Reads one run of TX slots. `slot(i)` is the i-th slot from the consumer index,
 /// `avail` how many the frontend produced (at most the ring size). The whole run is
 /// consumed even when the packet is refused, so the next one starts where it should.
-pub fn parse_tx(slot: impl Fn(u32) -> [u8; TX_SLOT], avail: u32) -> TxParse {
+/// For a run, appends to `ids` what each slot is answered with (the request id, or
+/// `None` for an extra-info slot) and, for an accepted packet, its data fragments to
+/// `frags`; for anything else, leaves both as they were. Nothing is allocated once
+/// the vectors have room (a batch's worth).
+pub fn parse_tx(
+    slot: impl Fn(u32) -> [u8; TX_SLOT],
+    avail: u32,
+    ids: &mut Vec<Option<u16>>,
+    frags: &mut Vec<Fragment>,
+) -> TxParse {
+    let (ids0, frags0) = (ids.len(), frags.len());
+    let out = parse_run(slot, avail, ids, frags);
+    match out {
+        TxParse::Run(TxRun { packet: Ok(_), .. }) => {}
+        TxParse::Run(_) => frags.truncate(frags0),
+        TxParse::Incomplete | TxParse::RingBroken => {
+            ids.truncate(ids0);
+            frags.truncate(frags0);
+        }
+    }
+    out
+}
+
+fn parse_run(
+    slot: impl Fn(u32) -> [u8; TX_SLOT],
+    avail: u32,
+    ids: &mut Vec<Option<u16>>,
+    frags: &mut Vec<Fragment>,
+) -> TxParse {
     let avail = avail.min(TX_RING_SIZE);
     if avail == 0 {
         return TxParse::Incomplete;
@@ -189,7 +217,7 @@ pub fn parse_tx(slot: impl Fn(u32) -> [u8; TX_SLOT], avail: u32) -> TxParse {
     };
     let first = TxRequest::decode(&slot(0));
     let mut used = 1u32;
-    let mut ids = vec![Some(first.id)];
+    ids.push(Some(first.id));
     let mut err: Option<DropReason> = None;
     let mut gso = None;
     if first.flags & TXF_EXTRA_INFO != 0 {
@@ -224,7 +252,15 @@ pub fn parse_tx(slot: impl Fn(u32) -> [u8; TX_SLOT], avail: u32) -> TxParse {
             }
         }
     }
-    let mut frags = vec![(first.gref, first.offset, first.size)];
+    // The data slots as the netfront wrote them (`len`: the request's size), fixed
+    // up by check_frags.
+    let at = frags.len();
+    let raw = |r: &TxRequest| Fragment {
+        gref: r.gref,
+        offset: r.offset,
+        len: r.size,
+    };
+    frags.push(raw(&first));
     let mut more = first.flags & TXF_MORE_DATA != 0;
     while more {
         if used >= avail {
@@ -233,46 +269,46 @@ pub fn parse_tx(slot: impl Fn(u32) -> [u8; TX_SLOT], avail: u32) -> TxParse {
         let r = TxRequest::decode(&slot(used));
         used += 1;
         ids.push(Some(r.id));
-        frags.push((r.gref, r.offset, r.size));
+        frags.push(raw(&r));
         more = r.flags & TXF_MORE_DATA != 0;
     }
     let packet = match err {
         Some(e) => Err(e),
-        None => check_frags(&frags, first.flags, gso),
+        None => check_frags(frags, at, first.flags, gso),
     };
-    TxParse::Run(TxRun { ids, packet })
+    TxParse::Run(TxRun {
+        slots: used,
+        packet,
+    })
 }
 
 /// The sizes rules (Linux netback's `xenvif_count_requests`): at most 18 data
 /// slots, none crossing its page, the later slots adding up to no more than the
-/// first's size (the packet's), and the first keeping the rest.
+/// first's size (the packet's), and the first keeping the rest. `frags[at..]` are
+/// the slots as written; on success they become the packet's fragments (the first
+/// slot's length fixed, empty ones left out).
 fn check_frags(
-    raw: &[(u32, u16, u16)],
+    frags: &mut Vec<Fragment>,
+    at: usize,
     flags: u16,
     gso: Option<(GsoKind, u16)>,
 ) -> Result<TxPlan, DropReason> {
+    let raw = &mut frags[at..];
     if raw.len() > NR_SLOTS_MIN {
         return Err(DropReason::XenTooManySlots);
     }
-    let total = usize::from(raw[0].2);
-    let rest: usize = raw[1..].iter().map(|f| usize::from(f.2)).sum();
+    let total = usize::from(raw[0].len);
+    let rest: usize = raw[1..].iter().map(|f| usize::from(f.len)).sum();
     if rest > total {
         return Err(DropReason::XenSlotsMismatch);
     }
-    let first_len = total - rest;
-    let mut frags = Vec::with_capacity(raw.len());
-    for (i, &(gref, offset, size)) in raw.iter().enumerate() {
-        let len = if i == 0 { first_len } else { usize::from(size) };
-        if usize::from(offset) + len > PAGE {
-            return Err(DropReason::XenSlotsMismatch);
-        }
-        if len > 0 {
-            frags.push(Fragment {
-                gref,
-                offset,
-                len: len as u16,
-            });
-        }
+    // < 64 KiB: `total` is a u16.
+    raw[0].len = (total - rest) as u16;
+    if raw
+        .iter()
+        .any(|f| usize::from(f.offset) + usize::from(f.len) > PAGE)
+    {
+        return Err(DropReason::XenSlotsMismatch);
     }
     if total < crate::l2::ETH_HDR_LEN {
         return Err(DropReason::TooShort);
@@ -280,8 +316,16 @@ fn check_frags(
     if gso.is_some() && flags & TXF_CSUM_BLANK == 0 {
         return Err(DropReason::XenGsoWithoutCsumBlank);
     }
+    // Empty slots carry nothing to copy.
+    let mut keep = at;
+    for i in at..frags.len() {
+        if frags[i].len > 0 {
+            frags[keep] = frags[i];
+            keep += 1;
+        }
+    }
+    frags.truncate(keep);
     Ok(TxPlan {
-        frags,
         len: total,
         flags,
         gso,
@@ -422,12 +466,63 @@ mod tests {
     }
 
     fn parse(slots: &[[u8; TX_SLOT]]) -> TxParse {
-        parse_tx(|i| slots[i as usize], slots.len() as u32)
+        let (mut ids, mut frags) = (vec![None], Vec::new());
+        let p = parse_tx(
+            |i| slots[i as usize],
+            slots.len() as u32,
+            &mut ids,
+            &mut frags,
+        );
+        if !matches!(p, TxParse::Run(_)) {
+            assert_eq!((ids.len(), frags.len()), (1, 0), "left as they were");
+        }
+        p
     }
 
-    fn run(slots: &[[u8; TX_SLOT]]) -> TxRun {
-        match parse(slots) {
-            TxParse::Run(r) => r,
+    /// A packet as a test looks at it: its plan and its fragments.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Planned {
+        frags: Vec<Fragment>,
+        len: usize,
+        flags: u16,
+        gso: Option<(GsoKind, u16)>,
+    }
+
+    struct Parsed {
+        ids: Vec<Option<u16>>,
+        packet: Result<Planned, DropReason>,
+    }
+
+    fn run(slots: &[[u8; TX_SLOT]]) -> Parsed {
+        // What was in the vectors before stays, the run's comes after it.
+        let before = Fragment {
+            gref: 99,
+            offset: 0,
+            len: 1,
+        };
+        let (mut ids, mut frags) = (vec![Some(77)], vec![before]);
+        match parse_tx(
+            |i| slots[i as usize],
+            slots.len() as u32,
+            &mut ids,
+            &mut frags,
+        ) {
+            TxParse::Run(r) => {
+                assert_eq!((ids[0], frags[0]), (Some(77), before));
+                assert_eq!(ids.len() - 1, r.slots as usize);
+                if r.packet.is_err() {
+                    assert_eq!(frags.len(), 1, "a refused packet leaves no fragments");
+                }
+                Parsed {
+                    ids: ids[1..].to_vec(),
+                    packet: r.packet.map(|p| Planned {
+                        frags: frags[1..].to_vec(),
+                        len: p.len,
+                        flags: p.flags,
+                        gso: p.gso,
+                    }),
+                }
+            }
             other => panic!("expected a run, got {other:?}"),
         }
     }
@@ -671,12 +766,7 @@ mod tests {
     }
 
     fn plan_of(flags: u16, gso: Option<(GsoKind, u16)>, len: usize) -> TxPlan {
-        TxPlan {
-            frags: Vec::new(),
-            len,
-            flags,
-            gso,
-        }
+        TxPlan { len, flags, gso }
     }
 
     proptest! {
@@ -696,7 +786,8 @@ mod tests {
                 }
             }
             match parse(&slots) {
-                TxParse::Run(r) => {
+                TxParse::Run(_) => {
+                    let r = run(&slots);
                     prop_assert!(r.ids.len() <= slots.len());
                     if let Ok(p) = r.packet {
                         prop_assert!(p.frags.len() <= NR_SLOTS_MIN);

@@ -9,7 +9,9 @@ XT_CMDPORT=7000
 GSONET_CTL=/tmp/gsonet-control.sock
 
 up() { cut -d' ' -f1 /proc/uptime; }
-result() { echo "RESULT $1=$2"; }
+# XT_ROUND: a round's results get the suffix :rN (scripts/xen_bench.py runs each
+# scenario several times in one boot).
+result() { echo "RESULT $1${XT_ROUND:+:r$XT_ROUND}=$2"; }
 note() { echo "XT-NOTE $(up) $*"; }
 fail() { echo "XT-FAIL $*"; dump_logs; exit 1; }
 
@@ -20,6 +22,8 @@ exec 9<>/tmp/xt.hold
 
 # domu_cfg NAME IP MAC SCRIPT [MEMORY] [EXTRA-KERNEL-ARGS]: /tmp/NAME.cfg, one vif.
 # SCRIPT "none" gives a domU without vif (QEMU's netback attaches by hand).
+# XT_DOMU_VCPUS: the domU's vCPUs (default 1); its netfront asks for a queue per
+# vCPU, up to the backend's multi-queue-max-queues.
 domu_cfg() {
     local vif="'mac=$3,script=$4'"
     [ "$4" = none ] && vif=""
@@ -33,7 +37,7 @@ kernel = "/xt/vmlinuz"
 ramdisk = "/xt/domU.cpio.gz"
 extra = "console=hvc0 loglevel=4 xt.ip=$2/24 xt.name=$1 $6"
 memory = ${5:-256}
-vcpus = 1
+vcpus = ${XT_DOMU_VCPUS:-1}
 $cpus
 vif = [$vif]
 on_reboot = "restart"
@@ -134,6 +138,15 @@ measure() {
     result "$key.cpu_domains" "$(awk "BEGIN {print $8 - $3}")"
     result "$key.gsonet_minflt" "$(awk "BEGIN {print $9 - $4}")"
     result "$key.dom0_ctxt" "$(awk "BEGIN {print ${10} - $5}")"
+}
+
+# domu_queue_irqs IP: the domU's interrupt counts of its netfront's event channels,
+# as NAME=COUNT words (netfront names them vifDEVID-qN-tx/-rx: vif0-q0-tx=12
+# vif0-q0-rx=40 ...): which queues carried traffic, as the netfront saw it.
+domu_queue_irqs() {
+    on_domu "$1" cat /proc/interrupts | awk '$NF ~ /^vif[0-9]+-q[0-9]+/ {
+        s = 0; for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) s += $i
+        printf "%s=%d ", $NF, s } END { print "" }'
 }
 
 # iperf_domu_mbps IP ARGS...: the same, run in the domU at IP.

@@ -34,17 +34,24 @@ pub fn fuzz_one(data: &[u8]) {
             .try_into()
             .unwrap_or([0; TX_SLOT])
     };
-    let run = match netif::parse_tx(slot, n as u32) {
+    let (mut ids, mut frags) = (Vec::new(), Vec::new());
+    let run = match netif::parse_tx(slot, n as u32, &mut ids, &mut frags) {
         TxParse::Run(r) => r,
-        TxParse::Incomplete | TxParse::RingBroken => return,
+        TxParse::Incomplete | TxParse::RingBroken => {
+            assert!(ids.is_empty() && frags.is_empty());
+            return;
+        }
     };
-    assert!(!run.ids.is_empty() && run.ids.len() <= n);
-    assert!(run.ids[0].is_some(), "a run starts with a request");
-    let Ok(plan) = run.packet else { return };
-    assert!(plan.frags.len() <= NR_SLOTS_MIN);
-    let sum: usize = plan.frags.iter().map(|f| usize::from(f.len)).sum();
+    assert!(!ids.is_empty() && ids.len() <= n && ids.len() == run.slots as usize);
+    assert!(ids[0].is_some(), "a run starts with a request");
+    let Ok(plan) = run.packet else {
+        assert!(frags.is_empty());
+        return;
+    };
+    assert!(frags.len() <= NR_SLOTS_MIN);
+    let sum: usize = frags.iter().map(|f| usize::from(f.len)).sum();
     assert_eq!(sum, plan.len);
-    for f in &plan.frags {
+    for f in &frags {
         assert!(usize::from(f.offset) + usize::from(f.len) <= PAGE);
     }
     let frame: Vec<u8> = if bytes.is_empty() {

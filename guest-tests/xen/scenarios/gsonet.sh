@@ -5,8 +5,12 @@
 # (0: none); XT_OFFLOADS=1 (tso/gso off, then sg off, in domU 1); XT_RECREATE=1
 # (xl destroy + xl create domU 1); XT_REBOOT=1 (domU 1 reboots itself); XT_NOGSO2=1
 # (domU 2's netfront says feature-gso-tcpv4=0, see prewire_vif); XT_GNTALLOC_LIMIT
-# (gntalloc's limit, see gsonet_start).
-# Results: gsonet.* (Mbit/s, ok), stats snapshots XT-STATS <tag>.
+# (gntalloc's limit, see gsonet_start); XT_VIF_OPTS (appended to --xen-vif's spec,
+# e.g. ",queues=2"); XT_TAP_OPTS (appended to tap=xttap0, e.g. ",queues=2");
+# XT_DOMU_VCPUS (lib.sh: a netfront asks for a queue per vCPU); XT_IPERF_ARGS
+# (more iperf3 arguments for every measured run, e.g. "-P 4").
+# Results: gsonet.* (Mbit/s, ok), stats snapshots XT-STATS <tag>; gsonet.queues (the
+# netfront's multi-queue-num-queues), gsonet.irqs_start/irqs_end (domu_queue_irqs).
 . /xt/lib.sh
 S=${XT_SECONDS:-5}
 MIB=${XT_MD5_MIB:-0}
@@ -19,7 +23,7 @@ if [ "${XT_NOGSO2:-0}" = 1 ]; then
     prewire_vif gdomU2
 fi
 if [ "${XT_VIF:-auto}" = auto ]; then
-    gsonet_start --xen-vif auto --uplink tap=xttap0
+    gsonet_start --xen-vif "auto${XT_VIF_OPTS:-}" --uplink "tap=xttap0${XT_TAP_OPTS:-}"
     domu_create gdomU1
     [ "$NDOM" = 2 ] && [ "${XT_NOGSO2:-0}" != 1 ] && domu_create gdomU2
 else
@@ -36,9 +40,9 @@ else
         [ -n "$d1" ] && { [ "$NDOM" = 1 ] || [ -n "$d2" ]; } && break
         usleep 200000; i=$((i + 1))
     done
-    set -- --xen-vif "domid=$d1,devid=0"
-    [ -n "$d2" ] && set -- "$@" --xen-vif "domid=$d2,devid=0"
-    gsonet_start "$@" --uplink tap=xttap0
+    set -- --xen-vif "domid=$d1,devid=0${XT_VIF_OPTS:-}"
+    [ -n "$d2" ] && set -- "$@" --xen-vif "domid=$d2,devid=0${XT_VIF_OPTS:-}"
+    gsonet_start "$@" --uplink "tap=xttap0${XT_TAP_OPTS:-}"
     wait $creating  # the xl creates only: gsonet runs in the background too
 fi
 ip addr add 10.99.0.1/24 dev xttap0
@@ -50,6 +54,8 @@ wait_domu $ip1 300 || fail "gdomU1 does not answer through gsonet"
 # measure once every domU has booted (a booting TCG guest eats the CPU)
 [ "$NDOM" = 2 ] && { wait_domu $ip2 300 || fail "gdomU2 does not answer through gsonet"; }
 result gsonet.ping "$(ping -c3 -W2 $ip1 >/dev/null && echo ok || echo lost)"
+result gsonet.queues "$(xenstore-read "/local/domain/$d1/device/vif/0/multi-queue-num-queues" 2>/dev/null || echo none)"
+result gsonet.irqs_start "$(domu_queue_irqs $ip1)"
 result gsonet.worker_nice "$(worker_nices)"
 result gsonet.granted_maps "$(granted_maps)"
 grep -q "cannot grant copy buffers" /tmp/gsonet.log && result gsonet.granted_refused yes
@@ -62,13 +68,14 @@ if [ "$MIB" -gt 0 ]; then
     md5_to_domu $ip1 "$MIB" && result gsonet.md5_to_domu ok
     md5_from_domu $ip1 "$MIB" && result gsonet.md5_from_domu ok
 fi
+result gsonet.irqs_end "$(domu_queue_irqs $ip1)"
 if [ "$NDOM" = 2 ]; then
     fe2="/local/domain/$(xl domid gdomU2)/device/vif/0"
     result gsonet.domu2_feature_gso_tcpv4 "$(xenstore-read "$fe2/feature-gso-tcpv4")"
     gsonet_stats before_domu_to_domu
-    measure gsonet.domu_to_domu_mbps iperf_domu_mbps $ip1 -c $ip2 -t "$S"
+    measure gsonet.domu_to_domu_mbps iperf_domu_mbps $ip1 -c $ip2 -t "$S" $XT_IPERF_ARGS
     gsonet_stats after_domu_to_domu
-    measure gsonet.domu2_to_domu1_mbps iperf_domu_mbps $ip2 -c $ip1 -t "$S"
+    measure gsonet.domu2_to_domu1_mbps iperf_domu_mbps $ip2 -c $ip1 -t "$S" $XT_IPERF_ARGS
     gsonet_stats after_domu2_to_domu1
     if [ "$MIB" -gt 0 ]; then
         md5_domu_to_domu $ip1 $ip2 "$MIB" && result gsonet.md5_domu1_to_domu2 ok

@@ -1,4 +1,4 @@
-//! The worker thread of one netfront connection: waits on its event channels, turns
+//! The worker thread of one queue of a netfront connection: waits on its event channels, turns
 //! runs of TX slots into checked packets (netif::parse_tx), grant-copies a batch of
 //! them into a private buffer with one ioctl, answers the slots, and forwards each
 //! packet through the switch as any port's frame. RX notifications wake senders
@@ -23,7 +23,7 @@ use crate::netif::{self, TxParse, TxPlan, TX_RING_SIZE};
 use crate::stats::DropReason;
 use crate::sys::io::poll_any;
 use crate::sys::sched::set_thread_nice;
-use crate::sys::xen::gntdev::CopyOp;
+use crate::sys::xen::gntdev::{CopyOp, CopyStatus};
 use crate::sys::xen::granted::CopyBuf;
 
 /// Packets copied per grant-copy ioctl.
@@ -33,10 +33,12 @@ const PAD_MAX: usize = (netif::NR_SLOTS_MIN + 1) * netif::PAGE;
 /// Bytes of the private TX buffer: a batch of 64 KiB packets and their padding.
 const BUF: usize = BATCH * (65536 + PAD_MAX);
 
-/// One packet of a batch: the ids to answer, and where its bytes went: its copy ops
-/// and its runs of bytes in our buffer (indexes into the worker's `ops` and `runs`).
+/// One packet of a batch: its slots' ids to answer, and where its bytes went: its
+/// copy ops and its runs of bytes in our buffer (ranges of the worker's `ids`, `ops`
+/// and `runs`, which a batch reuses: nothing is allocated per packet); then whether
+/// it goes on (`Ok`) or is dropped, and why.
 struct Pending {
-    ids: Vec<Option<u16>>,
+    ids: Range<usize>,
     packet: Result<(TxPlan, Range<usize>, Range<usize>), DropReason>,
 }
 
@@ -80,32 +82,41 @@ fn place(
 struct Worker {
     port: Arc<VifPort>,
     conn: Arc<Conn>,
+    /// Which of `conn.queues` this worker serves.
+    q: usize,
     switch: Arc<Switch>,
     req_cons: u32,
     rsp_prod: u32,
     broken: bool,
     buf: CopyBuf,
+    /// The batch's slots' ids and its packets' fragments (`netif::parse_tx`).
+    ids: Vec<Option<u16>>,
+    frags: Vec<netif::Fragment>,
     ops: Vec<CopyOp>,
-    status: Vec<i16>,
+    status: CopyStatus,
     batch: Vec<Pending>,
     runs: Vec<Range<usize>>,
     ctx: DeliverCtx,
 }
 
-/// Serves one connection until `conn.stop` is set.
-pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, switch: Arc<Switch>) {
+/// Serves queue `q` of a connection until `conn.stop` is set.
+pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, q: usize, switch: Arc<Switch>) {
     let mut w = Worker {
         port,
         conn,
+        q,
         switch,
         req_cons: 0,
         rsp_prod: 0,
         broken: false,
         buf: copy_buffer(BUF, "vif TX buffer"),
-        ops: Vec::new(),
-        status: Vec::new(),
-        batch: Vec::new(),
-        runs: Vec::new(),
+        // A batch's worth, so the datapath allocates nothing after its first batches.
+        ids: Vec::with_capacity(TX_RING_SIZE as usize),
+        frags: Vec::with_capacity(BATCH * netif::NR_SLOTS_MIN),
+        ops: Vec::with_capacity(BATCH * netif::NR_SLOTS_MIN),
+        status: CopyStatus::default(),
+        batch: Vec::with_capacity(BATCH),
+        runs: Vec::with_capacity(BATCH * netif::NR_SLOTS_MIN),
         // The host answers what this vif sends (TCP ACKs) while taking it in: read
         // them at the end of each batch here rather than waking the uplink reader.
         ctx: DeliverCtx::reaping(),
@@ -135,18 +146,18 @@ pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, switch: Arc<Switch>) {
             }
         }
         let n = if events {
-            w.conn.evt.pending(&mut fired).unwrap_or(0)
+            w.queue().evt.pending(&mut fired).unwrap_or(0)
         } else {
             0
         };
         if n > 0 {
-            let _ = w.conn.evt.unmask(&fired[..n]);
+            let _ = w.queue().evt.unmask(&fired[..n]);
         }
         let stats = &w.port.stats;
-        if fired[..n].contains(&w.conn.tx_port) {
+        if fired[..n].contains(&w.queue().tx_port) {
             stats.tx_kicks.fetch_add(1, Ordering::Relaxed);
         }
-        if fired[..n].contains(&w.conn.rx_port) {
+        if fired[..n].contains(&w.queue().rx_port) {
             stats.rx_kicks.fetch_add(1, Ordering::Relaxed);
             // The netfront added RX buffers: senders holding frames for it retry.
             w.switch.rx_space();
@@ -173,15 +184,19 @@ pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, switch: Arc<Switch>) {
 }
 
 impl Worker {
+    fn queue(&self) -> &super::vif::Queue {
+        &self.conn.queues[self.q]
+    }
+
     /// Waits up to 200 ms for an event, or for the served uplink queue to become
     /// readable; says which came.
     fn wait(&self, served: Option<&(Arc<dyn SwitchUplink>, usize)>) -> (bool, bool) {
         let timeout = Duration::from_millis(200);
         let queue = served.and_then(|(up, q)| up.queue_fd(*q));
         let waited = match queue {
-            Some(fd) => poll_any(&[self.conn.evt.as_fd(), fd], timeout)
+            Some(fd) => poll_any(&[self.queue().evt.as_fd(), fd], timeout)
                 .map(|bits| (bits & 1 != 0, bits & 2 != 0)),
-            None => self.conn.evt.wait(timeout).map(|e| (e, false)),
+            None => self.queue().evt.wait(timeout).map(|e| (e, false)),
         };
         waited.unwrap_or_else(|e| {
             warn!(vif = %self.port.name(), "event channel wait: {e}");
@@ -190,18 +205,10 @@ impl Worker {
         })
     }
 
-    fn slot(&self, i: u32) -> [u8; netif::TX_SLOT] {
-        let mut b = [0u8; netif::TX_SLOT];
-        self.conn
-            .tx_ring
-            .read(netif::tx_slot_off(self.req_cons.wrapping_add(i)), &mut b);
-        b
-    }
-
     /// Handles TX slots until the ring is empty and the netfront is told to kick.
     fn drain(&mut self) {
         let conn = self.conn.clone();
-        let ring = &conn.tx_ring;
+        let ring = &conn.queues[self.q].tx_ring;
         while !self.broken {
             let prod = ring.load(netif::REQ_PROD);
             let avail = prod.wrapping_sub(self.req_cons);
@@ -229,13 +236,22 @@ impl Worker {
 
     /// Reads, copies, answers and forwards one batch; false if no whole packet was there.
     fn batch_once(&mut self, mut avail: u32) -> bool {
+        self.ids.clear();
+        self.frags.clear();
         self.ops.clear();
         self.runs.clear();
         self.batch.clear();
         let mut used = 0usize;
         while avail > 0 && self.batch.len() < BATCH {
-            let parsed = netif::parse_tx(|i| self.slot(i), avail);
-            let run = match parsed {
+            let (ids0, frags0) = (self.ids.len(), self.frags.len());
+            let ring = &self.conn.queues[self.q].tx_ring;
+            let req_cons = self.req_cons;
+            let slot = |i: u32| {
+                let mut b = [0u8; netif::TX_SLOT];
+                ring.read(netif::tx_slot_off(req_cons.wrapping_add(i)), &mut b);
+                b
+            };
+            let run = match netif::parse_tx(slot, avail, &mut self.ids, &mut self.frags) {
                 TxParse::Incomplete => break,
                 TxParse::RingBroken => {
                     self.ring_broken();
@@ -245,17 +261,19 @@ impl Worker {
             };
             if let Ok(plan) = &run.packet {
                 if used + PAD_MAX + plan.len > self.buf.len() {
-                    break; // the next batch takes it
+                    // The next batch takes it.
+                    self.ids.truncate(ids0);
+                    self.frags.truncate(frags0);
+                    break;
                 }
             }
-            let n = run.ids.len() as u32;
-            self.req_cons = self.req_cons.wrapping_add(n);
-            avail -= n;
+            self.req_cons = self.req_cons.wrapping_add(run.slots);
+            avail -= run.slots;
             let packet = run.packet.map(|plan| {
                 let (first_op, first_run) = (self.ops.len(), self.runs.len());
                 let base = self.buf.as_ptr() as usize;
                 used = place(
-                    &plan.frags,
+                    &self.frags[frags0..],
                     self.conn.dom,
                     base,
                     used,
@@ -265,93 +283,86 @@ impl Worker {
                 (plan, first_op..self.ops.len(), first_run..self.runs.len())
             });
             self.batch.push(Pending {
-                ids: run.ids,
+                ids: ids0..self.ids.len(),
                 packet,
             });
         }
         if self.batch.is_empty() {
             return false;
         }
-        let copied = self
-            .conn
+        let copied = self.conn.queues[self.q]
             .gnt
             .copy_in(&mut self.buf, &self.ops, &mut self.status)
             .is_ok();
-        // Answer every slot first: the netfront may reuse its buffers at once.
-        let batch = std::mem::take(&mut self.batch);
-        let mut verdicts = Vec::with_capacity(batch.len());
-        for p in &batch {
-            let verdict = match &p.packet {
-                Err(r) => Err(*r),
-                Ok((_, ops, _)) => {
-                    if copied && self.status[ops.clone()].iter().all(|&s| s == 0) {
-                        Ok(())
-                    } else {
-                        Err(DropReason::XenBadGrant)
-                    }
+        // Answer every slot first: the netfront may reuse its buffers at once. A
+        // packet whose copy failed becomes a drop here.
+        let ring = &self.conn.queues[self.q].tx_ring;
+        for p in self.batch.iter_mut() {
+            if let Ok((_, ops, _)) = &p.packet {
+                if !copied || self.status[ops.clone()].iter().any(|&s| s != 0) {
+                    p.packet = Err(DropReason::XenBadGrant);
                 }
-            };
-            let status = if verdict.is_ok() {
+            }
+            let status = if p.packet.is_ok() {
                 netif::RSP_OKAY
             } else {
                 netif::RSP_ERROR
             };
-            for id in &p.ids {
+            for id in &self.ids[p.ids.clone()] {
                 let bytes = match id {
                     Some(id) => netif::tx_response(*id, status),
                     None => netif::tx_response(0, netif::RSP_NULL),
                 };
-                self.conn
-                    .tx_ring
-                    .write(netif::tx_slot_off(self.rsp_prod), &bytes);
+                ring.write(netif::tx_slot_off(self.rsp_prod), &bytes);
                 self.rsp_prod = self.rsp_prod.wrapping_add(1);
             }
-            verdicts.push(verdict);
         }
         self.push_responses();
         // The batch's bytes stay as they are until the flush below: a vif they go to
         // keeps their address instead of a copy.
         let _stable = stable::declare(self.buf.as_ptr_range());
         let caps = self.port.tx_caps();
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(netif::NR_SLOTS_MIN);
-        for (p, verdict) in batch.iter().zip(verdicts) {
-            let Ok((plan, _, runs)) = &p.packet else {
-                if let Err(r) = verdict {
-                    self.port.stats.drop(r);
-                }
-                continue;
-            };
-            if let Err(r) = verdict {
-                self.port.stats.drop(r);
-                continue;
-            }
-            parts.clear();
-            parts.extend(self.runs[runs.clone()].iter().map(|r| &self.buf[r.clone()]));
-            self.port.stats.tx(plan.len);
-            let hdr = match netif::tx_header(plan, &parts) {
-                Ok(h) => h,
+        // A packet's runs: at most one per data slot.
+        let mut parts: [&[u8]; netif::NR_SLOTS_MIN] = [&[]; netif::NR_SLOTS_MIN];
+        let stats = &self.port.stats;
+        for p in &self.batch {
+            let (plan, runs) = match &p.packet {
+                Ok((plan, _, runs)) => (plan, runs),
                 Err(r) => {
-                    self.port.stats.drop(r);
+                    stats.drop(*r);
                     continue;
                 }
             };
-            match tx_frame(caps, hdr, &parts) {
+            let mut n = 0;
+            for (slot, r) in parts.iter_mut().zip(&self.runs[runs.clone()]) {
+                *slot = &self.buf[r.clone()];
+                n += 1;
+            }
+            let parts = &parts[..n];
+            stats.tx(plan.len);
+            let hdr = match netif::tx_header(plan, parts) {
+                Ok(h) => h,
+                Err(r) => {
+                    stats.drop(r);
+                    continue;
+                }
+            };
+            match tx_frame(caps, hdr, parts) {
                 Ok(frame) => {
                     self.switch
-                        .forward(Endpoint::Port(self.port.id), 0, &frame, &mut self.ctx)
+                        .forward(Endpoint::Port(self.port.id), self.q, &frame, &mut self.ctx)
                 }
-                Err(r) => self.port.stats.drop(r),
+                Err(r) => stats.drop(r),
             }
         }
         // What this batch staged for other ports leaves now, not when the ring is empty.
         self.ctx.flush();
-        self.batch = batch;
         true
     }
 
     /// RING_PUSH_RESPONSES_AND_CHECK_NOTIFY.
     fn push_responses(&self) {
-        let ring = &self.conn.tx_ring;
+        let ring = &self.queue().tx_ring;
         let old = ring.load(netif::RSP_PROD);
         let new = self.rsp_prod;
         ring.store(netif::RSP_PROD, new);
@@ -359,7 +370,7 @@ impl Worker {
         let event = ring.load(netif::RSP_EVENT);
         if new.wrapping_sub(event) < new.wrapping_sub(old) {
             self.port.stats.tx_calls.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = self.conn.evt.notify(self.conn.tx_port) {
+            if let Err(e) = self.queue().evt.notify(self.queue().tx_port) {
                 tracing::debug!(vif = %self.port.name(), "TX notify: {e}");
             }
         }

@@ -1,14 +1,17 @@
 //! One vif as a switch port: its counters, its place in the switch, and while a
-//! netfront is connected, the connection (rings, event channels) and the RX side.
-//! Frames for the netfront are staged and grant-copied into its RX buffers with one
-//! ioctl per batch, when the sender signals at the end of its batch. Staging keeps
+//! netfront is connected, the connection: one or more queues (a TX and an RX ring,
+//! event channels, a worker each). A frame for the netfront goes to the queue its
+//! flow hashes to (one flow, one queue, in order), is staged there and grant-copied
+//! into the queue's RX buffers with one ioctl per batch, when the sender signals at
+//! the end of its batch. Staging keeps
 //! the address of bytes the sender declared stable until then (`switch::stable`: an
 //! uplink reader's or a vif worker's batch buffer) and copies only the rest.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
+use arc_swap::ArcSwapOption;
 use tracing::debug;
 
 use crate::backend::switch::deliver::Destination;
@@ -19,7 +22,7 @@ use crate::l2::{Mac, Vid};
 use crate::netif::{self, RxSlot, RX_RING_SIZE};
 use crate::stats::{Counters, DropReason};
 use crate::sys::xen::evtchn::EvtchnDev;
-use crate::sys::xen::gntdev::{CopyOp, Gntdev, MappedPage};
+use crate::sys::xen::gntdev::{CopyOp, CopyStatus, Gntdev, MappedPage};
 use crate::sys::xen::DomId;
 use crate::vnet_hdr::VirtioNetHdr;
 
@@ -30,8 +33,28 @@ const STAGE_MAX: usize = 1 << 20;
 /// addresses, and its frames' page alignment holds).
 const STAGE_ROOM: usize = STAGE_MAX + 2 * (65536 + netif::PAGE);
 
-/// The frontend end of one connection.
+/// Most queues a vif serves (a bit each in `Conn::staged`).
+pub const MAX_QUEUES: usize = crate::config::XEN_MAX_QUEUES;
+const _: () = assert!(MAX_QUEUES <= 32);
+
+/// The frontend end of one connection: its queues and what it accepts.
 pub struct Conn {
+    pub dom: DomId,
+    /// What the netfront accepts from us.
+    pub rx_caps: Caps,
+    /// Set to stop the workers.
+    pub stop: AtomicBool,
+    /// One to `MAX_QUEUES` queues, `queue-N` in xenstore.
+    pub queues: Vec<Queue>,
+    /// The queues with frames staged since their last flush, a bit each: a sender's
+    /// end of batch flushes those, not every queue.
+    staged: AtomicU32,
+}
+
+/// One queue of a connection: its rings, its event channels (on an evtchn device of
+/// its own, so each worker waits for its own events only), and its RX side.
+pub struct Queue {
+    pub index: usize,
     pub dom: DomId,
     pub gnt: Arc<Gntdev>,
     pub evt: EvtchnDev,
@@ -40,10 +63,6 @@ pub struct Conn {
     pub rx_port: u32,
     pub tx_ring: MappedPage,
     pub rx: Mutex<RxSide>,
-    /// What the netfront accepts from us.
-    pub rx_caps: Caps,
-    /// Set to stop the worker.
-    pub stop: AtomicBool,
 }
 
 /// The RX ring and the batch staged for it.
@@ -62,7 +81,7 @@ pub struct RxSide {
     ops: Vec<CopyOp>,
     /// Responses to write at flush: ring index, bytes, and the copies that fill it.
     resps: Vec<(u32, [u8; netif::RX_SLOT], Option<Range<usize>>)>,
-    status: Vec<i16>,
+    status: CopyStatus,
     slots: Vec<RxSlot>,
     /// The frame being staged as runs of local bytes: (address, length).
     runs: Vec<(usize, usize)>,
@@ -79,7 +98,7 @@ impl RxSide {
             pending: 0,
             ops: Vec::new(),
             resps: Vec::new(),
-            status: Vec::new(),
+            status: CopyStatus::default(),
             slots: Vec::new(),
             runs: Vec::new(),
         }
@@ -156,6 +175,50 @@ fn fill_ops(
 }
 
 impl Conn {
+    pub fn new(dom: DomId, rx_caps: Caps, queues: Vec<Queue>) -> Conn {
+        debug_assert!(!queues.is_empty() && queues.len() <= MAX_QUEUES);
+        Conn {
+            dom,
+            rx_caps,
+            stop: AtomicBool::new(false),
+            queues,
+            staged: AtomicU32::new(0),
+        }
+    }
+
+    /// The queue a frame goes to: its flow's, as netback's `xenvif_select_queue`
+    /// does, so one flow stays on one queue and in order.
+    fn pick(&self, parts: &[&[u8]]) -> &Queue {
+        let n = self.queues.len();
+        if n == 1 {
+            return &self.queues[0];
+        }
+        let q = (u64::from(flow_hash(parts)) * n as u64) >> 32;
+        &self.queues[q as usize]
+    }
+
+    /// The connection is replaced or ends (see `Queue::close`).
+    fn close(&self) {
+        for q in &self.queues {
+            q.close();
+        }
+    }
+
+    /// Flushes every queue something was staged on since its last flush.
+    fn flush_staged(&self, stats: &Counters) {
+        let mut dirty = self.staged.swap(0, Ordering::AcqRel);
+        while dirty != 0 {
+            let q = dirty.trailing_zeros() as usize;
+            dirty &= dirty - 1;
+            if let Some(queue) = self.queues.get(q) {
+                let mut rx = queue.rx.lock().unwrap_or_else(|e| e.into_inner());
+                queue.flush(&mut rx, stats);
+            }
+        }
+    }
+}
+
+impl Queue {
     /// Copies the staged batch into the netfront's buffers (one ioctl), writes the
     /// responses in the slots of their requests and signals it if it asked.
     fn flush(&self, rx: &mut RxSide, stats: &Counters) {
@@ -316,6 +379,62 @@ fn page_aligned(buf: &[u8]) -> usize {
     buf.len() + netif::to_page(buf.as_ptr() as usize + buf.len())
 }
 
+/// A hash of a frame's flow for RX steering: its IPv4 or IPv6 addresses and
+/// protocol, and its ports for TCP and UDP (not for a fragment); 0 for anything
+/// else, which then takes the first queue. Reads at most the first 128 bytes.
+pub fn flow_hash(parts: &[&[u8]]) -> u32 {
+    let mut buf = [0u8; 128];
+    let mut n = 0;
+    for p in parts {
+        let take = p.len().min(buf.len() - n);
+        buf[n..n + take].copy_from_slice(&p[..take]);
+        n += take;
+        if n == buf.len() {
+            break;
+        }
+    }
+    let h = &buf[..n];
+    let be16 = |i: usize| h.get(i..i + 2).map(|b| u16::from_be_bytes([b[0], b[1]]));
+    let mut l3 = 14;
+    let mut ety = be16(12);
+    if matches!(ety, Some(0x8100 | 0x88a8)) {
+        l3 += 4;
+        ety = be16(16);
+    }
+    let (addrs, proto, l4) = match ety {
+        Some(0x0800) => {
+            let Some(&vihl) = h.get(l3) else { return 0 };
+            let frag = be16(l3 + 6).is_none_or(|f| f & 0x3fff != 0);
+            let l4 = (!frag).then_some(l3 + usize::from(vihl & 0xf) * 4);
+            (l3 + 12..l3 + 20, h.get(l3 + 9), l4)
+        }
+        Some(0x86dd) => (l3 + 8..l3 + 40, h.get(l3 + 6), Some(l3 + 40)),
+        _ => return 0,
+    };
+    let (Some(a), Some(&proto)) = (h.get(addrs), proto) else {
+        return 0;
+    };
+    // FNV-1a over the flow's bytes, then a final mix so the high bits (which pick the
+    // queue) depend on all of them.
+    let mut x: u32 = 0x811c_9dc5;
+    let mut eat = |b: &[u8]| {
+        for &c in b {
+            x = (x ^ u32::from(c)).wrapping_mul(0x0100_0193);
+        }
+    };
+    eat(a);
+    eat(&[proto]);
+    if matches!(proto, 6 | 17) {
+        if let Some(ports) = l4.and_then(|o| h.get(o..o + 4)) {
+            eat(ports);
+        }
+    }
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x
+}
+
 /// One vif's port in the switch.
 pub struct VifPort {
     pub id: usize,
@@ -324,7 +443,8 @@ pub struct VifPort {
     /// `vifD.N` while attached, else the slot's own name.
     name: Mutex<String>,
     idle_name: String,
-    conn: RwLock<Option<Arc<Conn>>>,
+    /// Read for every frame: a load, no lock.
+    conn: ArcSwapOption<Conn>,
     connected: AtomicBool,
 }
 
@@ -336,7 +456,7 @@ impl VifPort {
             stats: Counters::default(),
             name: Mutex::new(idle_name.clone()),
             idle_name,
-            conn: RwLock::new(None),
+            conn: ArcSwapOption::empty(),
             connected: AtomicBool::new(false),
         }
     }
@@ -351,30 +471,38 @@ impl VifPort {
     }
 
     pub fn conn(&self) -> Option<Arc<Conn>> {
-        self.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.conn.load_full()
     }
 
     /// A netfront connected (`Some`) or went away (`None`).
     pub fn set_conn(&self, c: Option<Arc<Conn>>) {
         self.connected.store(c.is_some(), Ordering::Release);
-        let mut slot = self.conn.write().unwrap_or_else(|e| e.into_inner());
         // Closed before anyone can see its successor: a sender that signals the new
         // connection leaves no address of its bytes in the old one.
-        if let Some(old) = slot.take() {
+        if let Some(old) = self.conn.swap(None) {
             old.close();
         }
-        *slot = c;
+        self.conn.store(c);
     }
 
     /// What the netfront may send us: what we advertised.
     pub fn tx_caps(&self) -> Caps {
         netif::tx_caps(self.cfg.csum, self.cfg.tso)
     }
+
+    /// How many queues a netfront may ask for (`multi-queue-max-queues`).
+    pub fn max_queues(&self) -> usize {
+        self.cfg.queues.clamp(1, MAX_QUEUES)
+    }
 }
 
 impl Destination for VifPort {
     fn caps(&self) -> Caps {
-        self.conn().map(|c| c.rx_caps).unwrap_or_default()
+        self.conn
+            .load()
+            .as_ref()
+            .map(|c| c.rx_caps)
+            .unwrap_or_default()
     }
 
     fn max_burst(&self) -> Option<usize> {
@@ -382,23 +510,32 @@ impl Destination for VifPort {
     }
 
     fn send(&self, _queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
-        let Some(conn) = self.conn() else {
+        let guard = self.conn.load();
+        let Some(conn) = guard.as_ref() else {
             return Err(DropReason::RxQueueFull);
         };
-        let mut rx = conn.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let queue = conn.pick(parts);
+        let mut rx = queue.rx.lock().unwrap_or_else(|e| e.into_inner());
         // The copy ops hold addresses in `staged`: it must never grow past what it
         // reserved (small frames, each from its own page, could otherwise get there
         // before STAGE_MAX bytes are pending).
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if rx.staged.len() + netif::PAGE + len > rx.staged.capacity() {
-            conn.flush(&mut rx, &self.stats);
+            queue.flush(&mut rx, &self.stats);
             if netif::PAGE + len > rx.staged.capacity() {
                 return Err(DropReason::TooLong);
             }
         }
-        conn.stage(&mut rx, hdr, parts, len)?;
+        queue.stage(&mut rx, hdr, parts, len)?;
         if rx.pending >= STAGE_MAX || rx.resps.len() >= RX_RING_SIZE as usize / 2 {
-            conn.flush(&mut rx, &self.stats);
+            queue.flush(&mut rx, &self.stats);
+        } else {
+            // Under the queue's lock, after staging: a flush_staged that takes the bit
+            // away before this finds the frame when it takes the lock.
+            let bit = 1u32 << queue.index;
+            if conn.staged.load(Ordering::Acquire) & bit == 0 {
+                conn.staged.fetch_or(bit, Ordering::AcqRel);
+            }
         }
         Ok(())
     }
@@ -422,13 +559,12 @@ impl SwitchPort for VifPort {
     }
 
     fn rx_caps(&self) -> Option<Caps> {
-        self.conn().map(|c| c.rx_caps)
+        self.conn.load().as_ref().map(|c| c.rx_caps)
     }
 
     fn signal_rx(&self, _queue: usize) {
-        if let Some(conn) = self.conn() {
-            let mut rx = conn.rx.lock().unwrap_or_else(|e| e.into_inner());
-            conn.flush(&mut rx, &self.stats);
+        if let Some(conn) = self.conn.load().as_ref() {
+            conn.flush_staged(&self.stats);
         }
     }
 }
@@ -487,7 +623,62 @@ mod tests {
         assert_eq!(read_runs(&runs, &[&staged, &sender]), want);
     }
 
+    fn flow(v6: bool, tcp: bool, ports: (u16, u16)) -> Vec<u8> {
+        use crate::testkit::frames::{build, FrameSpec};
+        let spec = FrameSpec {
+            ports: Some(ports),
+            ..if tcp {
+                FrameSpec::tcp(v6, 200)
+            } else {
+                FrameSpec::udp(v6, 200)
+            }
+        };
+        build(&spec).0
+    }
+
+    #[test]
+    fn flows_spread_over_queues_and_other_frames_take_the_first() {
+        for (v6, tcp) in [(false, true), (false, false), (true, true), (true, false)] {
+            let mut per_queue = [0usize; 2];
+            for port in 0..64u16 {
+                let h = flow_hash(&[&flow(v6, tcp, (40000 + port, 5201))]);
+                per_queue[((u64::from(h) * 2) >> 32) as usize] += 1;
+            }
+            assert!(
+                per_queue.iter().all(|&n| n >= 16),
+                "{v6} {tcp}: {per_queue:?}"
+            );
+        }
+        // Same flow, same hash, however the frame is split into parts.
+        let f = flow(false, true, (40001, 5201));
+        let whole = flow_hash(&[&f]);
+        for cut in [1, 13, 14, 20, 35, 40, 60, f.len() - 1] {
+            assert_eq!(flow_hash(&[&f[..cut], &f[cut..]]), whole, "cut at {cut}");
+        }
+        assert_ne!(flow_hash(&[&flow(false, true, (40002, 5201))]), whole);
+        // Not IP, or too short: 0.
+        let mut arp = vec![0xffu8; 12];
+        arp.extend_from_slice(&[0x08, 0x06]);
+        arp.resize(60, 0);
+        assert_eq!(flow_hash(&[&arp]), 0);
+        assert_eq!(flow_hash(&[&f[..20]]), 0);
+        assert_eq!(flow_hash(&[]), 0);
+        // An IPv4 fragment hashes on its addresses only: all its fragments together.
+        let mut frag = f.clone();
+        frag[14 + 6] |= 0x20; // more fragments
+        let mut other = flow(false, true, (40002, 5201));
+        other[14 + 6] |= 0x20;
+        assert_eq!(flow_hash(&[&frag]), flow_hash(&[&other]));
+    }
+
     proptest! {
+        /// Any bytes: a hash, no panic.
+        #[test]
+        fn flow_hash_takes_any_bytes(b in proptest::collection::vec(any::<u8>(), 0..200), cut in 0usize..200) {
+            let cut = cut.min(b.len());
+            prop_assert_eq!(flow_hash(&[&b[..cut], &b[cut..]]), flow_hash(&[&b]));
+        }
+
         /// The ops of a frame's slots cover its runs' bytes exactly, in order: each
         /// slot from offset 0 of its page, no op longer than what is left of a run.
         #[test]

@@ -16,7 +16,7 @@ use thiserror::Error;
 use tracing::{info, warn};
 
 use super::tx;
-use super::vif::{Conn, RxSide, VifPort};
+use super::vif::{Conn, Queue, RxSide, VifPort};
 use crate::backend::switch::{Switch, SwitchPort};
 use crate::config::XenVifTarget;
 use crate::netif::{self, FrontFeatures};
@@ -42,8 +42,10 @@ enum ConnectError {
     Key(String, String),
     #[error("the netfront does not request-rx-copy (page flipping is not supported)")]
     NoRxCopy,
-    #[error("the netfront asks for {0} queues; one is offered")]
-    Queues(u32),
+    #[error("the netfront asks for {0} queues; 1 to {1} are offered (multi-queue-max-queues)")]
+    Queues(u32, usize),
+    #[error("{0}")]
+    Shared(String),
     #[error("{0}: {1}")]
     Io(&'static str, std::io::Error),
 }
@@ -60,7 +62,8 @@ struct Attached {
     dom: DomId,
     devid: u32,
     frontend: Option<String>,
-    worker: Option<(Arc<Conn>, JoinHandle<()>)>,
+    /// The connection and its workers, one per queue.
+    worker: Option<(Arc<Conn>, Vec<JoinHandle<()>>)>,
 }
 
 impl Attached {
@@ -285,6 +288,10 @@ fn advertise(xs: &mut Xenstore, be: &str, s: &Slot) -> Result<(), XsError> {
     ] {
         xs.write(&format!("{be}/{k}"), v)?;
     }
+    xs.write(
+        &format!("{be}/multi-queue-max-queues"),
+        &s.port.max_queues().to_string(),
+    )?;
     Ok(())
 }
 
@@ -298,6 +305,81 @@ fn front_key(xs: &mut Xenstore, fe: &str, key: &str) -> Result<u32, ConnectError
         .map_err(|_| ConnectError::Key(key.into(), format!("{v:?} is not a number")))
 }
 
+/// What one queue's keys say: its rings and the netfront's event channels (one, or
+/// TX and RX when split).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct QueueKeys {
+    tx_ref: u32,
+    rx_ref: u32,
+    tx_evt: u32,
+    rx_evt: Option<u32>,
+}
+
+/// Reads the keys of each queue: at the frontend's top level for one queue, under
+/// `queue-N/` for more (netif.h, "Multi-queue support").
+fn queue_keys(xs: &mut Xenstore, fe: &str, n: u32) -> Result<Vec<QueueKeys>, ConnectError> {
+    let mut out = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let (dir, name) = if n == 1 {
+            (fe.to_string(), String::new())
+        } else {
+            (format!("{fe}/queue-{i}"), format!("queue-{i}/"))
+        };
+        let key = |xs: &mut Xenstore, k: &str| {
+            front_key(xs, &dir, k).map_err(|e| match e {
+                ConnectError::Key(k, why) => ConnectError::Key(format!("{name}{k}"), why),
+                e => e,
+            })
+        };
+        let tx_ref = key(xs, "tx-ring-ref")?;
+        let rx_ref = key(xs, "rx-ring-ref")?;
+        let (tx_evt, rx_evt) = match read_u32(xs, &format!("{dir}/event-channel"))? {
+            Some(p) => (p, None),
+            None => (
+                key(xs, "event-channel-tx")?,
+                Some(key(xs, "event-channel-rx")?),
+            ),
+        };
+        out.push(QueueKeys {
+            tx_ref,
+            rx_ref,
+            tx_evt,
+            rx_evt,
+        });
+    }
+    Ok(out)
+}
+
+/// Refuses rings or event channels that two places name: two queues' (or one
+/// queue's TX and RX) rings in one page would have two workers, or both ends of a
+/// ring, write the same slots; a channel bound twice would mix two queues' events.
+fn check_distinct(queues: &[QueueKeys]) -> Result<(), ConnectError> {
+    let mut rings: Vec<(u32, String)> = Vec::new();
+    let mut evts: Vec<(u32, String)> = Vec::new();
+    for (i, q) in queues.iter().enumerate() {
+        for (r, what) in [(q.tx_ref, "tx-ring-ref"), (q.rx_ref, "rx-ring-ref")] {
+            let name = format!("queue {i}'s {what}");
+            if let Some((_, other)) = rings.iter().find(|(x, _)| *x == r) {
+                return Err(ConnectError::Shared(format!(
+                    "{name} {r} is {other} too: rings shared between queues are refused"
+                )));
+            }
+            rings.push((r, name));
+        }
+        let split = q.rx_evt.map(|p| (p, "event-channel-rx"));
+        for (p, what) in std::iter::once((q.tx_evt, "event channel")).chain(split) {
+            let name = format!("queue {i}'s {what}");
+            if let Some((_, other)) = evts.iter().find(|(x, _)| *x == p) {
+                return Err(ConnectError::Shared(format!(
+                    "{name} {p} is {other} too: event channels shared between queues are refused"
+                )));
+            }
+            evts.push((p, name));
+        }
+    }
+    Ok(())
+}
+
 fn connect(
     xs: &mut Xenstore,
     s: &mut Slot,
@@ -306,26 +388,27 @@ fn connect(
     gnt_cache: &Arc<Mutex<Option<Arc<Gntdev>>>>,
 ) -> Result<(), ConnectError> {
     disconnect(s, switch);
+    let max = s.port.max_queues();
     let Some(a) = s.attached.as_mut() else {
         return Ok(());
     };
-    if let Some(q) = read_u32(xs, &format!("{fe}/multi-queue-num-queues"))? {
-        if q > 1 {
-            return Err(ConnectError::Queues(q));
-        }
+    let n = match xs.try_read(&format!("{fe}/multi-queue-num-queues"))? {
+        None => 1,
+        Some(v) => v.trim().parse::<u32>().map_err(|_| {
+            ConnectError::Key(
+                "multi-queue-num-queues".into(),
+                format!("{v:?} is not a number"),
+            )
+        })?,
+    };
+    if n == 0 || n as usize > max {
+        return Err(ConnectError::Queues(n, max));
     }
     if !flag(xs, &format!("{fe}/request-rx-copy"))? {
         return Err(ConnectError::NoRxCopy);
     }
-    let tx_ref = front_key(xs, fe, "tx-ring-ref")?;
-    let rx_ref = front_key(xs, fe, "rx-ring-ref")?;
-    let (tx_evt, rx_evt) = match read_u32(xs, &format!("{fe}/event-channel"))? {
-        Some(p) => (p, None),
-        None => (
-            front_key(xs, fe, "event-channel-tx")?,
-            Some(front_key(xs, fe, "event-channel-rx")?),
-        ),
-    };
+    let keys = queue_keys(xs, fe, n)?;
+    check_distinct(&keys)?;
     let features = FrontFeatures {
         sg: flag(xs, &format!("{fe}/feature-sg"))?,
         gso_tcpv4: flag(xs, &format!("{fe}/feature-gso-tcpv4"))?,
@@ -346,55 +429,114 @@ fn connect(
         }
     };
     let dom = a.dom;
-    let tx_ring = gnt
-        .map(dom, tx_ref)
-        .map_err(|e| ConnectError::Io("mapping the TX ring", e))?;
-    let rx_ring = gnt
-        .map(dom, rx_ref)
-        .map_err(|e| ConnectError::Io("mapping the RX ring", e))?;
-    let evt = EvtchnDev::open().map_err(|e| ConnectError::Io("/dev/xen/evtchn", e))?;
-    let tx_port = evt
-        .bind_interdomain(dom, tx_evt)
-        .map_err(|e| ConnectError::Io("binding the event channel", e))?;
-    let rx_port = match rx_evt {
-        Some(p) => evt
-            .bind_interdomain(dom, p)
-            .map_err(|e| ConnectError::Io("binding the RX event channel", e))?,
-        None => tx_port,
-    };
+    let mut queues = Vec::with_capacity(keys.len());
+    for (index, k) in keys.iter().enumerate() {
+        let tx_ring = gnt
+            .map(dom, k.tx_ref)
+            .map_err(|e| ConnectError::Io("mapping a TX ring", e))?;
+        let rx_ring = gnt
+            .map(dom, k.rx_ref)
+            .map_err(|e| ConnectError::Io("mapping an RX ring", e))?;
+        let evt = EvtchnDev::open().map_err(|e| ConnectError::Io("/dev/xen/evtchn", e))?;
+        let tx_port = evt
+            .bind_interdomain(dom, k.tx_evt)
+            .map_err(|e| ConnectError::Io("binding an event channel", e))?;
+        let rx_port = match k.rx_evt {
+            Some(p) => evt
+                .bind_interdomain(dom, p)
+                .map_err(|e| ConnectError::Io("binding an RX event channel", e))?,
+            None => tx_port,
+        };
+        queues.push(Queue {
+            index,
+            dom,
+            gnt: gnt.clone(),
+            evt,
+            tx_port,
+            rx_port,
+            tx_ring,
+            rx: Mutex::new(RxSide::new(rx_ring)),
+        });
+    }
     let cfg = &s.port.cfg;
-    let conn = Arc::new(Conn {
+    let conn = Arc::new(Conn::new(
         dom,
-        gnt,
-        evt,
-        tx_port,
-        rx_port,
-        tx_ring,
-        rx: Mutex::new(RxSide::new(rx_ring)),
-        rx_caps: netif::rx_caps(features, cfg.csum, cfg.tso),
-        stop: Default::default(),
-    });
-    let (p, c, sw) = (s.port.clone(), conn.clone(), switch.clone());
-    let h = thread::Builder::new()
-        .name(format!("vif{}.{}", a.dom, a.devid))
-        .spawn(move || tx::run(p, c, sw))
-        .map_err(|e| ConnectError::Io("starting the worker", e))?;
-    a.worker = Some((conn.clone(), h));
+        netif::rx_caps(features, cfg.csum, cfg.tso),
+        queues,
+    ));
+    let mut workers = Vec::with_capacity(conn.queues.len());
+    for q in 0..conn.queues.len() {
+        let (p, c, sw) = (s.port.clone(), conn.clone(), switch.clone());
+        // vifD.N for the first queue (as with one), vifD.N-qK for the others.
+        let name = match q {
+            0 => format!("vif{}.{}", a.dom, a.devid),
+            _ => format!("vif{}.{}-q{q}", a.dom, a.devid),
+        };
+        match thread::Builder::new()
+            .name(name)
+            .spawn(move || tx::run(p, c, q, sw))
+        {
+            Ok(h) => workers.push(h),
+            Err(e) => {
+                conn.stop.store(true, Ordering::Release);
+                for h in workers {
+                    let _ = h.join();
+                }
+                return Err(ConnectError::Io("starting a worker", e));
+            }
+        }
+    }
+    info!(vif = %s.port.name(), queues = conn.queues.len(), "netfront queues mapped");
+    a.worker = Some((conn.clone(), workers));
     s.port.set_conn(Some(conn));
     switch.caps_changed();
     Ok(())
 }
 
-/// Stops the worker, forgets the connection (rings unmapped and ports unbound when
+/// Stops the workers, forgets the connection (rings unmapped and ports unbound when
 /// the last sender lets go of it) and the vif's addresses.
 fn disconnect(s: &mut Slot, switch: &Arc<Switch>) {
     let Some(a) = s.attached.as_mut() else { return };
-    let Some((conn, h)) = a.worker.take() else {
+    let Some((conn, workers)) = a.worker.take() else {
         return;
     };
     conn.stop.store(true, Ordering::Release);
-    let _ = h.join();
+    for h in workers {
+        let _ = h.join();
+    }
     s.port.set_conn(None);
     switch.port_down(s.port.id);
     info!(vif = %s.port.name(), "netfront disconnected");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(tx_ref: u32, rx_ref: u32, tx_evt: u32, rx_evt: Option<u32>) -> QueueKeys {
+        QueueKeys {
+            tx_ref,
+            rx_ref,
+            tx_evt,
+            rx_evt,
+        }
+    }
+
+    #[test]
+    fn rings_and_channels_named_twice_are_refused() {
+        assert!(check_distinct(&[q(8, 9, 5, Some(6)), q(10, 11, 7, Some(12))]).is_ok());
+        assert!(check_distinct(&[q(8, 9, 5, None)]).is_ok());
+        for bad in [
+            vec![q(8, 9, 5, None), q(8, 11, 7, None)],
+            vec![q(8, 9, 5, None), q(10, 9, 7, None)],
+            vec![q(8, 9, 5, None), q(9, 11, 7, None)],
+            vec![q(8, 8, 5, None)],
+            vec![q(8, 9, 5, None), q(10, 11, 5, None)],
+            vec![q(8, 9, 5, Some(6)), q(10, 11, 7, Some(6))],
+            vec![q(8, 9, 5, Some(5))],
+        ] {
+            let e = check_distinct(&bad).expect_err("shared accepted");
+            assert!(e.to_string().contains("shared between queues"), "{e}");
+        }
+    }
 }

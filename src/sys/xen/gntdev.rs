@@ -79,6 +79,22 @@ pub struct CopyOp {
     pub local_off: usize,
 }
 
+/// The outcome of a grant copy, one status per op (GNTST_*, 0: done), and the
+/// ioctl's segment array, both kept from one copy to the next so a copy allocates
+/// nothing once they have room.
+#[derive(Default)]
+pub struct CopyStatus {
+    status: Vec<i16>,
+    segs: Vec<CopySegment>,
+}
+
+impl std::ops::Deref for CopyStatus {
+    type Target = [i16];
+    fn deref(&self) -> &[i16] {
+        &self.status
+    }
+}
+
 impl Gntdev {
     pub fn open() -> io::Result<Gntdev> {
         let file = OpenOptions::new()
@@ -150,7 +166,12 @@ impl Gntdev {
 
     /// Copies from the guests' grants into `buf`, all of `ops` in one ioctl; `status`
     /// gets each copy's GNTST_* result (0: done).
-    pub fn copy_in(&self, buf: &mut [u8], ops: &[CopyOp], status: &mut Vec<i16>) -> io::Result<()> {
+    pub fn copy_in(
+        &self,
+        buf: &mut [u8],
+        ops: &[CopyOp],
+        status: &mut CopyStatus,
+    ) -> io::Result<()> {
         self.copy(buf.as_mut_ptr(), buf.len(), ops, true, status)
     }
 
@@ -158,7 +179,7 @@ impl Gntdev {
     /// address: each op's `local_off` is the address of its `len` bytes (which may lie
     /// in several buffers). The kernel only reads there, and fails an op whose
     /// address is not mapped; which bytes go out is the caller's business.
-    pub fn copy_out_at(&self, ops: &[CopyOp], status: &mut Vec<i16>) -> io::Result<()> {
+    pub fn copy_out_at(&self, ops: &[CopyOp], status: &mut CopyStatus) -> io::Result<()> {
         self.copy(std::ptr::null_mut(), usize::MAX, ops, false, status)
     }
 
@@ -168,14 +189,16 @@ impl Gntdev {
         buf_len: usize,
         ops: &[CopyOp],
         inward: bool,
-        status: &mut Vec<i16>,
+        out: &mut CopyStatus,
     ) -> io::Result<()> {
+        let CopyStatus { status, segs } = out;
         status.clear();
         if ops.is_empty() {
             return Ok(());
         }
-        let mut segs =
-            granted::with_lookup(|lookup| segments(base as usize, buf_len, ops, inward, lookup))?;
+        granted::with_lookup(|lookup| {
+            segments_into(segs, base as usize, buf_len, ops, inward, lookup)
+        })?;
         let mut arg = GrantCopy {
             count: segs.len() as u32,
             segments: segs.as_mut_ptr(),
@@ -194,7 +217,7 @@ impl Gntdev {
                 &mut arg as *mut GrantCopy,
             )
         })?;
-        op_status(&segs, ops, status);
+        op_status(segs, ops, status);
         Ok(())
     }
 }
@@ -204,6 +227,7 @@ impl Gntdev {
 /// adding up to the op's: bytes of ours that `lookup` names by grant (a buffer
 /// granted to ourselves) go by ref, one segment per page of ours they touch (a grant
 /// is one page); others go by address, whole, which gntdev splits.
+#[cfg(test)]
 fn segments(
     base: usize,
     buf_len: usize,
@@ -211,7 +235,21 @@ fn segments(
     inward: bool,
     lookup: &dyn Fn(usize) -> Option<(GrantRef, u16)>,
 ) -> io::Result<Vec<CopySegment>> {
-    let mut segs = Vec::with_capacity(ops.len());
+    let mut segs = Vec::new();
+    segments_into(&mut segs, base, buf_len, ops, inward, lookup)?;
+    Ok(segs)
+}
+
+/// `segments` into `segs` (cleared first).
+fn segments_into(
+    segs: &mut Vec<CopySegment>,
+    base: usize,
+    buf_len: usize,
+    ops: &[CopyOp],
+    inward: bool,
+    lookup: &dyn Fn(usize) -> Option<(GrantRef, u16)>,
+) -> io::Result<()> {
+    segs.clear();
     for op in ops {
         let end = op.local_off.checked_add(usize::from(op.len));
         if end.is_none_or(|e| e > buf_len)
@@ -251,7 +289,7 @@ fn segments(
             }
         }
     }
-    Ok(segs)
+    Ok(())
 }
 
 /// Each op's status into `status`: its first failed segment's, else 0 (`segs` as
