@@ -1,4 +1,4 @@
-//! Fuzzer-built split queues through ring::tx::read_chain and ring::rx::write_frame
+//! Fuzzer-built split queues through ring::tx::TxBatch and ring::rx::write_frame
 //! (see `gsonet::testkit::fuzz_ring`).
 //! Run: `RUSTC_BOOTSTRAP=1 cargo fuzz run ring fuzz/corpus/ring` (fuzz/README.md).
 #![no_main]

@@ -199,6 +199,13 @@ impl SplitRing {
         Some(head)
     }
 
+    /// Starts loading head `head`'s descriptor (see `HostMem::prefetch`).
+    pub fn prefetch_desc(&self, hm: &HostMem<'_>, head: u16) {
+        if head < self.size {
+            hm.prefetch(self.desc + u64::from(head) * DESC_SIZE, DESC_SIZE as usize);
+        }
+    }
+
     /// Gives back the last `n` heads taken (a frame that did not fit).
     pub fn unpop(&mut self, n: u16) {
         self.next_avail -= n;

@@ -6,7 +6,7 @@ use thiserror::Error;
 
 use super::guest_mem::BadRange;
 use super::host::HostMem;
-use super::split::{Desc, WalkEnd};
+use super::split::{walk_chain, Desc, SplitRing, WalkEnd};
 use crate::stats::DropReason;
 use crate::vnet_hdr::{HdrError, VirtioNetHdr, HDR_LEN};
 
@@ -125,6 +125,144 @@ pub fn copy_chain(
         start: hdr_len,
         len,
     })
+}
+
+/// One chain of a batch between its walk and its copy.
+struct Walked {
+    head: u16,
+    descs: std::ops::Range<usize>,
+    bytes: Result<usize, TxError>,
+}
+
+/// A batch of TX chains taken off a split ring: each chain walked, checked and
+/// copied into the batch's own arena, its used entry written (not published). What
+/// the batch keeps is bounded whatever the guest's chains look like: `max_chains`
+/// heads, the arena's bytes, and `4 * max_chains` descriptors walked (plus the last
+/// chain's, at most a queue's worth).
+pub struct TxBatch {
+    /// The frames' bytes; `frames` says where each one is.
+    pub arena: Vec<u8>,
+    /// Each chain taken, in ring order: its frame in `arena`, or why it was dropped.
+    pub frames: Vec<Result<TxFrame, TxError>>,
+    max_chains: usize,
+    heads: Vec<u16>,
+    /// The batch's descriptors as walked, chain after chain.
+    walk: Vec<Desc>,
+    walked: Vec<Walked>,
+}
+
+/// What one `TxBatch::take` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Taken {
+    /// Chains taken off the ring (each has its entry in `frames`).
+    pub chains: usize,
+    /// Of those, heads that could not be handed back (outside the ring, or the used
+    /// ring unmapped).
+    pub bad_heads: usize,
+}
+
+impl TxBatch {
+    /// A batch of at most `max_chains` chains and `arena_bytes` bytes (at least one
+    /// largest frame, so every chain can be taken).
+    pub fn new(max_chains: usize, arena_bytes: usize) -> TxBatch {
+        assert!(arena_bytes >= MAX_FRAME + HDR_LEN && max_chains > 0);
+        TxBatch {
+            arena: vec![0u8; arena_bytes],
+            frames: Vec::with_capacity(max_chains),
+            max_chains,
+            heads: Vec::with_capacity(max_chains),
+            walk: Vec::new(),
+            walked: Vec::with_capacity(max_chains),
+        }
+    }
+
+    /// Takes up to `max` (and `max_chains`) of the `pending` chains the ring has
+    /// available, replacing `frames`; a chain that would not fit the arena, or one
+    /// past the walk budget, stays on the ring for the next batch. Each chain taken
+    /// gets its used entry (length 0); the caller publishes them. Three passes, so
+    /// the lines the frontend's CPU wrote (descriptors, then buffers) are asked for
+    /// the whole batch at once rather than one stall after another: the heads (their
+    /// descriptors prefetched), the walks (their buffers prefetched), the copies.
+    pub fn take(
+        &mut self,
+        ring: &mut SplitRing,
+        hm: &HostMem<'_>,
+        pending: u16,
+        hdr_len: usize,
+        max: usize,
+    ) -> Taken {
+        let TxBatch {
+            arena,
+            frames,
+            max_chains,
+            heads,
+            walk,
+            walked,
+        } = self;
+        frames.clear();
+        heads.clear();
+        walk.clear();
+        walked.clear();
+        let qsize = usize::from(ring.size);
+        for _ in 0..usize::from(pending).min(max).min(*max_chains) {
+            let Some(head) = ring.pop(hm) else { break };
+            ring.prefetch_desc(hm, head);
+            heads.push(head);
+        }
+        let walk_budget = 4 * *max_chains;
+        let mut planned = 0usize;
+        for (i, &head) in heads.iter().enumerate() {
+            if walk.len() >= walk_budget {
+                ring.unpop((heads.len() - i) as u16);
+                break;
+            }
+            let start = walk.len();
+            let end = walk_chain(hm, ring.desc, ring.size, head, qsize, walk);
+            let bytes = chain_bytes(&walk[start..], end, qsize);
+            if let Ok(total) = bytes {
+                if planned + total > arena.len() {
+                    walk.truncate(start);
+                    ring.unpop((heads.len() - i) as u16);
+                    break;
+                }
+                planned += total;
+                for d in &walk[start..] {
+                    hm.prefetch(d.addr, d.len as usize);
+                }
+            }
+            walked.push(Walked {
+                head,
+                descs: start..walk.len(),
+                bytes,
+            });
+        }
+        let mut used = 0usize;
+        for c in walked.iter() {
+            let frame = c.bytes.clone().and_then(|total| {
+                let at = used;
+                used += total;
+                copy_chain(hm, &walk[c.descs.clone()], total, hdr_len, &mut arena[at..]).map(|f| {
+                    TxFrame {
+                        start: f.start + at,
+                        ..f
+                    }
+                })
+            });
+            frames.push(frame);
+        }
+        // Used entries only once every frame is copied: the batch is the guest's
+        // bytes as they were before any of its chains was handed back.
+        let mut taken = Taken {
+            chains: frames.len(),
+            bad_heads: 0,
+        };
+        for c in walked.drain(..) {
+            if !ring.put_used(hm, c.head, 0) {
+                taken.bad_heads += 1;
+            }
+        }
+        taken
+    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use crate::ring::host::HostMem;
 use crate::ring::rx::{write_frame, write_frame_in, RxError, RxFormat, RxScratch, Source};
 use crate::ring::rx::{MAX_CHAINS_PER_FRAME, MAX_DESCS_PER_FRAME};
 use crate::ring::split::{walk_chain, SplitRing};
-use crate::ring::tx::{chain_bytes, copy_chain, tx_buffer, TxError, MAX_FRAME, MIN_FRAME};
+use crate::ring::tx::{TxBatch, TxError, MAX_FRAME, MIN_FRAME};
 use crate::ring::GuestMem;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
@@ -286,13 +286,16 @@ pub fn fuzz_one(data: &[u8]) {
     }
 }
 
-/// Every available chain taken by `SplitRing`, walked, checked and copied as a TX
-/// batch takes it (`walk_chain`, `chain_bytes`, `copy_chain`), checked
+/// Chains per batch in the fuzz: small, so that a batch also stops at its chain
+/// count and walk budget, not only at its arena.
+const FUZZ_BATCH_CHAINS: usize = 4;
+
+/// Every available chain taken by `TxBatch` as a TX worker takes it (batches of
+/// `FUZZ_BATCH_CHAINS` chains, an arena of one largest frame), each chain checked
 /// against what the oracle (virtio-queue's walker) reads.
 fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
     let hdr_len = mode.hdr_len();
     let max_descs = usize::from(q.size());
-    let mut buf = tx_buffer();
     let mut walk = Vec::new();
     let hm = HostMem::new(m);
     let mut split = SplitRing::of(q);
@@ -308,81 +311,120 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
     );
     let Some(pending) = pending else { return };
     assert_eq!(usize::from(pending), chains.len(), "chains available");
-    for want in &chains {
-        let head = split.pop(&hm).expect("the avail ring is mapped");
-        assert_eq!(head, want.head);
-        let descs = &want.descs;
-        let total: u64 = descs.iter().map(|d| u64::from(d.len())).sum();
-        // A sentinel right after what the chain holds: nothing may be written there.
-        let sentinel = (total as usize).min(buf.len());
-        let guard_end = (sentinel + 64).min(buf.len());
-        buf[sentinel..guard_end].fill(0xa5);
-        walk.clear();
-        let end = walk_chain(&hm, split.desc, split.size, head, max_descs, &mut walk);
-        let r = chain_bytes(&walk, end, max_descs)
-            .and_then(|total| copy_chain(&hm, &walk, total, hdr_len, &mut buf));
-        assert!(
-            buf[sentinel..guard_end].iter().all(|&b| b == 0xa5),
-            "copy_chain wrote past the chain's bytes"
-        );
-        // The walk is virtio-queue's, up to where it stopped.
-        let same = walk.len().min(descs.len());
-        for (a, b) in walk[..same].iter().zip(&descs[..same]) {
-            assert_eq!(
-                (a.addr, a.len, a.flags, a.next),
-                (b.addr().0, b.len(), b.flags(), b.next())
-            );
-        }
-        let too_many = descs.len() > max_descs;
-        let writable = descs.iter().any(|d| d.is_write_only());
-        let unmapped = descs
-            .iter()
-            .any(|d| !mapped(d.addr().0, u64::from(d.len())));
-        let too_long = total > (MAX_FRAME + HDR_LEN) as u64;
-        // A chain without a single descriptor is broken too.
-        let broken = descs.last().is_none_or(|d| d.has_next());
-        match &r {
-            Ok(f) => {
-                assert!(!too_many && !writable && !unmapped && !too_long && !broken);
-                assert_eq!(walk.len(), descs.len());
-                assert_eq!(f.start, hdr_len);
-                assert_eq!((f.start + f.len) as u64, total, "frame is not the chain");
-                assert!(f.len >= MIN_FRAME && f.len <= MAX_FRAME);
-                // The bytes are the descriptors' bytes, in order.
-                let mut at = 0usize;
-                for d in descs {
-                    let mut want = vec![0u8; d.len() as usize];
-                    m.read_slice(&mut want, GuestAddress(d.addr().0)).unwrap();
-                    assert_eq!(&buf[at..at + want.len()], &want[..]);
-                    at += want.len();
+    let mut batch = TxBatch::new(FUZZ_BATCH_CHAINS, MAX_FRAME + HDR_LEN);
+    let mut wants = chains.iter();
+    let mut left = pending;
+    while left > 0 {
+        batch.arena.fill(0xa5);
+        // The bytes of every chain still available, as they are before the take.
+        let before: Vec<Vec<Vec<u8>>> = wants
+            .clone()
+            .map(|c| {
+                c.descs
+                    .iter()
+                    .map(|d| {
+                        let mut b = vec![0u8; d.len() as usize];
+                        let _ = m.read_slice(&mut b, GuestAddress(d.addr().0));
+                        b
+                    })
+                    .collect()
+            })
+            .collect();
+        let used_at = split.next_used;
+        let taken = batch.take(&mut split, &hm, left, hdr_len, usize::MAX);
+        assert!(taken.chains > 0, "a batch takes at least one chain");
+        assert_eq!(taken.chains, batch.frames.len());
+        left -= taken.chains as u16;
+        // Where the next chain's bytes go: chains are laid out in ring order.
+        let mut at = 0usize;
+        let mut outside = 0usize;
+        for (k, r) in batch.frames.iter().enumerate() {
+            let want = wants.next().expect("no more chains taken than available");
+            let descs = &want.descs;
+            let total: u64 = descs.iter().map(|d| u64::from(d.len())).sum();
+            // Our walk is virtio-queue's, up to where it stopped.
+            walk.clear();
+            walk_chain(&hm, split.desc, split.size, want.head, max_descs, &mut walk);
+            let same = walk.len().min(descs.len());
+            for (a, b) in walk[..same].iter().zip(&descs[..same]) {
+                assert_eq!(
+                    (a.addr, a.len, a.flags, a.next),
+                    (b.addr().0, b.len(), b.flags(), b.next())
+                );
+            }
+            let too_many = descs.len() > max_descs;
+            let writable = descs.iter().any(|d| d.is_write_only());
+            let unmapped = descs
+                .iter()
+                .any(|d| !mapped(d.addr().0, u64::from(d.len())));
+            let too_long = total > (MAX_FRAME + HDR_LEN) as u64;
+            // A chain without a single descriptor is broken too.
+            let broken = descs.last().is_none_or(|d| d.has_next());
+            let checked = !(too_many || writable || too_long || broken);
+            match r {
+                Ok(f) => {
+                    assert!(checked && !unmapped);
+                    assert_eq!(walk.len(), descs.len());
+                    assert_eq!(f.start, at + hdr_len, "chain {k} is not where it belongs");
+                    assert_eq!(
+                        (f.start + f.len - at) as u64,
+                        total,
+                        "frame is not the chain"
+                    );
+                    assert!(f.len >= MIN_FRAME && f.len <= MAX_FRAME);
+                    // The bytes are the descriptors' bytes, in order.
+                    let mut off = at;
+                    for want in &before[k] {
+                        assert_eq!(&batch.arena[off..off + want.len()], &want[..]);
+                        off += want.len();
+                    }
+                    let mut raw = [0u8; HDR_LEN];
+                    raw[..hdr_len].copy_from_slice(&batch.arena[at..at + hdr_len]);
+                    assert_eq!(Ok(f.hdr), VirtioNetHdr::from_bytes(&raw));
                 }
-                let mut raw = [0u8; HDR_LEN];
-                raw[..hdr_len].copy_from_slice(&buf[..hdr_len]);
-                assert_eq!(Ok(f.hdr), VirtioNetHdr::from_bytes(&raw));
+                Err(TxError::TooManyDescriptors) => assert!(too_many),
+                Err(TxError::WritableDescriptor) => assert!(writable),
+                Err(TxError::BadAddress(b)) => {
+                    assert!(unmapped);
+                    assert!(!mapped(b.addr, b.len as u64));
+                }
+                Err(TxError::TooLong) => assert!(too_long),
+                Err(TxError::Broken) => assert!(broken, "{descs:?}"),
+                Err(TxError::TooShort(n)) => {
+                    assert_eq!((*n + hdr_len) as u64, total);
+                    assert!(*n < MIN_FRAME);
+                }
+                Err(TxError::Header(_)) => {}
             }
-            Err(TxError::TooManyDescriptors) => assert!(too_many),
-            Err(TxError::WritableDescriptor) => assert!(writable),
-            Err(TxError::BadAddress(b)) => {
-                assert!(unmapped);
-                assert!(!mapped(b.addr, b.len as u64));
+            if r.is_err() && checked && !unmapped {
+                // A well-formed chain fails only for what its bytes say.
+                assert!(
+                    matches!(r, Err(TxError::TooShort(_) | TxError::Header(_))),
+                    "{r:?}"
+                );
             }
-            Err(TxError::TooLong) => assert!(too_long),
-            Err(TxError::Broken) => assert!(broken, "{descs:?}"),
-            Err(TxError::TooShort(n)) => {
-                assert_eq!((*n + hdr_len) as u64, total);
-                assert!(*n < MIN_FRAME);
+            if checked {
+                at += total as usize;
             }
-            Err(TxError::Header(_)) => {}
+            // Its used entry names it, unless its head is outside the ring.
+            if want.head < split.size {
+                let slot = u64::from((used_at.0.wrapping_add((k - outside) as u16)) % split.size);
+                let mut elem = [0u8; 8];
+                m.read_slice(&mut elem, GuestAddress(ring.used + 4 + 8 * slot))
+                    .unwrap();
+                assert_eq!(&elem[..4], &u32::from(want.head).to_le_bytes());
+            } else {
+                outside += 1;
+            }
         }
-        if r.is_err() && !(too_many || writable || unmapped || too_long || broken) {
-            // A well-formed chain fails only for what its bytes say.
-            assert!(
-                matches!(r, Err(TxError::TooShort(_) | TxError::Header(_))),
-                "{r:?}"
-            );
-        }
-        assert!(split.put_used(&hm, head, 0) || head >= split.size);
+        assert_eq!(taken.bad_heads, outside);
+        let guard = (at + 64).min(batch.arena.len());
+        assert!(
+            batch.arena[at..guard].iter().all(|&b| b == 0xa5),
+            "the batch wrote past its chains' bytes"
+        );
     }
+    assert!(wants.next().is_none(), "every available chain was taken");
     assert!(split.publish_used(&hm));
     split.store(q);
     assert_eq!(
@@ -499,7 +541,7 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
                 );
                 let mut sum = 0usize;
                 for (i, c) in claimed.iter().enumerate() {
-                    assert!(well_formed(c, fmt, size), "claimed a malformed chain");
+                    assert!(well_formed(c, fmt, size), "claimed a malformed chain: head {} size {size} indirect {} descs {:?} fmt {fmt:?}", c.head, c.head_indirect, c.descs);
                     let (_, l) = ring.used_at(m, used_idx.wrapping_add(i as u16));
                     let cap: usize = c.descs.iter().map(|d| d.len() as usize).sum();
                     assert!(l as usize <= cap, "used length {l} over the chain's {cap}");
@@ -525,7 +567,15 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
                 for i in 0..added {
                     assert_eq!(ring.used_at(m, used_idx.wrapping_add(i)).1, 0);
                 }
-                assert!(consumed >= 1);
+                if consumed == 0 {
+                    // An avail index more than a queue ahead (virtio-queue's reading):
+                    // the ring is broken, nothing is claimed or written.
+                    let in_range = q
+                        .avail_idx(m, std::sync::atomic::Ordering::Acquire)
+                        .is_ok_and(|a| (a - std::num::Wrapping(next_avail)).0 <= size);
+                    assert!(matches!(e, RxError::BadChain) && !in_range && before == after);
+                    continue;
+                }
                 let last = claimed.last().expect("a claimed chain");
                 match e {
                     RxError::BadChain => assert!(

@@ -16,8 +16,8 @@ use crate::backend::switch::{Endpoint, Switch};
 use crate::features::Caps;
 use crate::frame::validate::tx_frame;
 use crate::ring::host::HostMem;
-use crate::ring::split::{walk_chain, Desc, SplitRing};
-use crate::ring::tx::{self, TxError, TxFrame};
+use crate::ring::split::SplitRing;
+use crate::ring::tx::{self, TxBatch, TxError};
 use crate::ring::GuestMem;
 use crate::stats::DropReason;
 use crate::sys::timer::OneShotTimer;
@@ -29,15 +29,11 @@ const TX_BATCH: usize = 256;
 /// frames still amortises its ring work while the buffer stays small per queue.
 const TX_ARENA: usize = 4 * (tx::MAX_FRAME + HDR_LEN);
 
-/// What one queue worker keeps between kicks: the buffer a batch of chains is copied
-/// into, its delivery state, the timer that makes it look at the queue again without
+/// What one queue worker keeps between kicks: the batch of chains it copies out,
+/// its delivery state, the timer that makes it look at the queue again without
 /// a kick (`tx_poll_us`, or a queue held for its `rate=`) and its TX completions' call.
 pub struct TxWorker {
-    arena: Vec<u8>,
-    /// The batch taken: each chain's frame in `arena`, or why it was dropped.
-    batch: Vec<Result<TxFrame, TxError>>,
-    /// One chain's descriptors as walked.
-    walk: Vec<Desc>,
+    batch: TxBatch,
     ctx: DeliverCtx,
     /// A destination's `rx_rate=` held this queue lately: take one chain at a time,
     /// so a hold stops the queue at the frame that went over, not a batch later.
@@ -49,9 +45,7 @@ pub struct TxWorker {
 impl Default for TxWorker {
     fn default() -> Self {
         TxWorker {
-            arena: vec![0u8; TX_ARENA],
-            batch: Vec::with_capacity(TX_BATCH),
-            walk: Vec::new(),
+            batch: TxBatch::new(TX_BATCH, TX_ARENA),
             ctx: DeliverCtx::holding(),
             paced: false,
             timer: None,
@@ -134,48 +128,16 @@ fn take_batch(
     let Some(pending) = ring.pending(&hm) else {
         return Take::Broken;
     };
-    let TxWorker {
-        arena, batch, walk, ..
-    } = w;
-    batch.clear();
-    let qsize = usize::from(ring.size);
-    let mut used = 0usize;
-    let mut bad_heads = 0usize;
-    for _ in 0..usize::from(pending).min(max) {
-        let Some(head) = ring.pop(&hm) else { break };
-        walk.clear();
-        let end = walk_chain(&hm, ring.desc, ring.size, head, qsize, walk);
-        let frame = match tx::chain_bytes(walk, end, qsize) {
-            Ok(total) if used + total > arena.len() => {
-                // Next batch: the arena holds at least one largest frame.
-                ring.unpop(1);
-                break;
-            }
-            Ok(total) => {
-                let f = tx::copy_chain(&hm, walk, total, hdr_len, &mut arena[used..]);
-                let f = f.map(|f| TxFrame {
-                    start: f.start + used,
-                    ..f
-                });
-                used += total;
-                f
-            }
-            Err(e) => Err(e),
-        };
-        if !ring.put_used(&hm, head, 0) {
-            bad_heads += 1;
-        }
-        batch.push(frame);
-    }
+    let taken = w.batch.take(&mut ring, &hm, pending, hdr_len, max);
     let published = ring.publish_used(&hm);
     ring.store(q);
     drop(st);
-    if bad_heads > 0 || !published {
+    if taken.bad_heads > 0 || !published {
         if let Some(quiet) = port.log.allow() {
-            warn!(port = %port.name(), suppressed = quiet, bad_heads, "TX chains could not be handed back (head outside the ring, or the used ring unmapped)");
+            warn!(port = %port.name(), suppressed = quiet, bad_heads = taken.bad_heads, "TX chains could not be handed back (head outside the ring, or the used ring unmapped)");
         }
     }
-    Take::Chains(batch.len())
+    Take::Chains(taken.chains)
 }
 
 /// Drains the TX queue of `pair`: every chain becomes a frame for the switch. With
@@ -309,10 +271,9 @@ const WATCH_AFTER: usize = 32;
 /// Checks each frame of the batch taken against what the guest negotiated and hands
 /// it to the switch.
 fn send_batch(port: &Port, switch: &Switch, pair: usize, tx_caps: Caps, w: &mut TxWorker) {
-    let TxWorker {
-        arena, batch, ctx, ..
-    } = w;
-    for read in batch.drain(..) {
+    let TxWorker { batch, ctx, .. } = w;
+    let TxBatch { arena, frames, .. } = batch;
+    for read in frames.drain(..) {
         match read {
             Ok(f) => {
                 port.stats.tx(f.len);
