@@ -3,17 +3,28 @@
 and QEMU's userspace netback (xen-net-device), side by side in ONE boot of the nested
 Xen rig (guest-tests/xen/), so the ratios compare like with like. iperf3 TCP, Mbit/s.
 
-    sudo python3 scripts/xen_bench.py [--seconds 5]
+    sudo python3 scripts/xen_bench.py [--seconds 5] [--rounds 3]
+    sudo GSONET_XEN_DOM0_VCPUS=2 python3 scripts/xen_bench.py    # the headline
 
-Prints the table and the ratios; keeps results/xen-bench-<timestamp>.json and the
-console log (results/guest-logs/). gsonet's rows are left out (and said so) when
-the binary under test has no `serve --xen-vif`.
+Two configurations, set by the rig's dom0 vCPUs (GSONET_XEN_DOM0_VCPUS):
+  1 (the rig's default, the floor): a 1-vCPU domU, one iperf3 stream;
+  2 (the headline, what users run): a 2-vCPU domU (its netfront opens a queue per
+    vCPU, up to the backend's maximum: gsonet's default is one per dom0 CPU, as the
+    kernel netback's), 4 iperf3 streams (-P 4).
+--domu-vcpus and --streams override either. Each netback's scenario runs --rounds
+times in the boot, in turn (kernel, gsonet, QEMU, kernel, ...), so a drift of the
+machine's load spreads over all three; the table gives each cell's median and every
+round's value. Prints the ratios of the medians and dom0's CPU seconds per GB moved;
+keeps results/xen-bench-<timestamp>.json and the console log (results/guest-logs/).
+gsonet's rows are left out (and said so) when the binary under test has no
+`serve --xen-vif`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,6 +38,8 @@ ROWS = [
     ("domU -> dom0", "domu_to_dom0_mbps"),
     ("domU -> domU", "domu_to_domu_mbps"),
 ]
+PREFIX = {"gsonet": "gsonet", "kernel": "kernel", "qemu": "qemu"}
+SCENARIO = {"kernel": "kernel-netback", "gsonet": "gsonet", "qemu": "qemu-netback"}
 
 
 def fmt(v: float | None) -> str:
@@ -37,11 +50,26 @@ def ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or not b else f"{a / b:8.2f}x"
 
 
+def median(vals: list[float]) -> float | None:
+    return statistics.median(vals) if vals else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=int, default=5, help="iperf3 seconds per run")
-    ap.add_argument("--timeout", type=float, default=3600, help="seconds for the whole boot")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each netback in the boot")
+    ap.add_argument("--streams", type=int, default=None,
+                    help="iperf3 streams (-P); default 4 with 2 dom0 vCPUs, else 1")
+    ap.add_argument("--domu-vcpus", type=int, default=None,
+                    help="vCPUs of each domU; default 2 with 2 dom0 vCPUs, else 1")
+    ap.add_argument("--offloads", action="store_true",
+                    help="also gsonet with the domU's TSO/GSO off, then SG off (round 1)")
+    ap.add_argument("--timeout", type=float, default=3 * 3600,
+                    help="seconds for the whole boot")
     args = ap.parse_args()
+    headline = xen.DOM0_VCPUS >= 2
+    streams = args.streams or (4 if headline else 1)
+    vcpus = args.domu_vcpus or (2 if headline else 1)
 
     reason = xen.skip_reason()
     if reason:
@@ -49,69 +77,84 @@ def main() -> int:
         return 0
     xen.build_rig()
     with_gsonet = xen.gsonet_has_xen()
-    names = ["kernel-netback"] + (["gsonet"] if with_gsonet else []) + ["qemu-netback"]
+    who = ["kernel"] + (["gsonet"] if with_gsonet else []) + ["qemu"]
     if not with_gsonet:
         print(f"note: {paths.GSONET_BIN} has no `serve --xen-vif`: gsonet rows left out")
-    script = xen.scenario(*names, XT_SECONDS=args.seconds, XT_DOMUS=2, XT_OFFLOADS=1)
+    env = {"XT_SECONDS": args.seconds, "XT_DOMUS": 2, "XT_DOMU_VCPUS": vcpus}
+    if streams > 1:
+        env["XT_IPERF_ARGS"] = f"-P {streams}"
+    parts = [xen.scenario(**env)]
+    for r in range(1, args.rounds + 1):
+        for w in who:
+            head = f"export XT_ROUND={r}\n"
+            if w == "gsonet":
+                head += f"export XT_OFFLOADS={1 if args.offloads and r == 1 else 0}\n"
+            parts.append(head + (xen.SCENARIOS / f"{SCENARIO[w]}.sh").read_text())
+    script = "\n".join(parts)
+    config = (f"dom0 {xen.DOM0_VCPUS} vCPU(s), domU {vcpus} vCPU(s), {streams} stream(s), "
+              f"{args.rounds} round(s) of {args.seconds} s")
     run = xen.XenRig("bench", script, gsonet=with_gsonet, qemu=True,
                      timeout=args.timeout).run()
 
-    def get(prefix: str, key: str) -> float | None:
+    def got(prefix: str, key: str, r: int) -> float | None:
         try:
-            return float(run.results[f"{prefix}.{key}"])
+            return float(run.results[f"{prefix}.{key}:r{r}"])
         except (KeyError, ValueError):
             return None
 
-    print(f"\nXen rig, one boot ({run.seconds:.0f} s), iperf3 {args.seconds} s, Mbit/s")
-    print(f"{'path':<16}{'gsonet':>10}{'kernel':>10}{'QEMU':>10}"
+    def rounds(prefix: str, key: str) -> list[float]:
+        return [v for r in range(1, args.rounds + 1)
+                if (v := got(prefix, key, r)) is not None]
+
+    def per_gb(prefix: str, key: str, what: str) -> list[float]:
+        """dom0's (or gsonet's, or all domains') CPU seconds per GB moved, per round."""
+        out = []
+        for r in range(1, args.rounds + 1):
+            mbps, used = got(prefix, key, r), got(prefix, f"{key}.cpu_{what}", r)
+            if mbps and used is not None:
+                out.append(used / (mbps * args.seconds / 8000))
+        return out
+
+    print(f"\nXen rig, one boot ({run.seconds:.0f} s): {config}; Mbit/s, "
+          "median of the rounds [every round]")
+    print(f"{'path':<14}{'gsonet':>10}{'kernel':>10}{'QEMU':>10}"
           f"{'g/kernel':>10}{'g/QEMU':>10}{'kernel/QEMU':>12}")
-    table = {}
+    table: dict = {"config": {"dom0_vcpus": xen.DOM0_VCPUS, "domu_vcpus": vcpus,
+                              "streams": streams, "rounds": args.rounds,
+                              "seconds": args.seconds}}
     for label, key in ROWS:
-        g, k, q = get("gsonet", key), get("kernel", key), get("qemu", key)
-        table[key] = {"gsonet": g, "kernel": k, "qemu": q}
-        print(f"{label:<16}{fmt(g):>10}{fmt(k):>10}{fmt(q):>10}{ratio(g, k):>10}"
-              f"{ratio(g, q):>10}{ratio(k, q):>12}")
-    # CPU per byte: what each netback costs the machine, next to what it moves.
-    print("\nCPU seconds per GB moved: dom0 / gsonet's threads (of dom0's) / all domains")
-    print(f"{'path':<16}{'gsonet':>26}{'kernel':>20}{'QEMU':>20}")
+        vals = {w: rounds(PREFIX[w], key) for w in ("gsonet", "kernel", "qemu")}
+        med = {w: median(v) for w, v in vals.items()}
+        table[key] = {"rounds": vals, "median": med}
+        print(f"{label:<14}{fmt(med['gsonet']):>10}{fmt(med['kernel']):>10}"
+              f"{fmt(med['qemu']):>10}{ratio(med['gsonet'], med['kernel']):>10}"
+              f"{ratio(med['gsonet'], med['qemu']):>10}{ratio(med['kernel'], med['qemu']):>12}")
+        for w in ("gsonet", "kernel", "qemu"):
+            if vals[w]:
+                print(f"{'':<16}{w}: " + " ".join(f"{v:.3g}" for v in vals[w]))
+    # CPU per byte: what each netback costs dom0, next to what it moves.
+    print("\ndom0 CPU seconds per GB moved, median of the rounds "
+          "(gsonet: dom0 / gsonet's own threads)")
+    print(f"{'path':<14}{'gsonet':>16}{'kernel':>10}{'QEMU':>10}{'g/kernel':>10}")
     for label, key in ROWS:
-        cells = []
-        for prefix in ("gsonet", "kernel", "qemu"):
-            mbps = get(prefix, key)
-            gb = mbps * args.seconds / 8000 if mbps else None
-            used = {w: get(prefix, f"{key}.cpu_{w}") for w in ("dom0", "gsonet", "domains")}
-            per_gb = None
-            if gb and used["dom0"] is not None and used["domains"] is not None:
-                per_gb = {w: (v or 0) / gb for w, v in used.items()}
-            table.setdefault(key, {})[f"{prefix}_cpu_per_gb"] = per_gb
-            shown = ("dom0", "gsonet", "domains") if prefix == "gsonet" else ("dom0", "domains")
-            cells.append("-" if per_gb is None
-                         else " / ".join(f"{per_gb[w]:.0f}" for w in shown))
-        print(f"{label:<16}{cells[0]:>26}{cells[1]:>20}{cells[2]:>20}")
-    # page-table work: a PV dom0 pays a page-table switch per system call and context
-    # switch, and a fault per page its processes touch anew
-    print("\nper GB moved: dom0 context switches (gsonet's minor page faults)")
-    print(f"{'path':<16}{'gsonet':>26}{'kernel':>20}{'QEMU':>20}")
-    for label, key in ROWS:
-        cells = []
-        for prefix in ("gsonet", "kernel", "qemu"):
-            mbps = get(prefix, key)
-            gb = mbps * args.seconds / 8000 if mbps else None
-            ctxt, flt = get(prefix, f"{key}.dom0_ctxt"), get(prefix, f"{key}.gsonet_minflt")
-            if not gb or ctxt is None:
-                cells.append("-")
-                continue
-            per = {"dom0_ctxt": ctxt / gb, "gsonet_minflt": (flt or 0) / gb}
-            table[key][f"{prefix}_events_per_gb"] = per
-            cells.append(f"{per['dom0_ctxt']:.0f}" + (f" ({per['gsonet_minflt']:.0f})"
-                                                      if prefix == "gsonet" else ""))
-        print(f"{label:<16}{cells[0]:>26}{cells[1]:>20}{cells[2]:>20}")
-    on, off = get("gsonet", "domu_to_dom0_mbps"), get("gsonet.nooffload", "domu_to_dom0_mbps")
-    if on is not None:
-        print(f"gsonet domU -> dom0, offloads on / `tso off gso off`: {ratio(on, off)}")
-    out = paths.REPO / "results" / f"xen-bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        cells = {}
+        for w in ("gsonet", "kernel", "qemu"):
+            cells[w] = median(per_gb(PREFIX[w], key, "dom0"))
+        own = median(per_gb("gsonet", key, "gsonet"))
+        table[key]["dom0_cpu_s_per_gb"] = cells
+        table[key]["gsonet_cpu_s_per_gb"] = own
+        g = "-" if cells["gsonet"] is None else f"{cells['gsonet']:.1f} / {own or 0:.1f}"
+        print(f"{label:<14}{g:>16}{fmt(cells['kernel']):>10}{fmt(cells['qemu']):>10}"
+              f"{ratio(cells['gsonet'], cells['kernel']):>10}")
+    if args.offloads:
+        on = got("gsonet", "domu_to_dom0_mbps", 1)
+        off = got("gsonet.nooffload", "domu_to_dom0_mbps", 1)
+        print(f"gsonet domU -> dom0, offloads on / `tso off gso off` (round 1): "
+              f"{ratio(on, off)}")
+    tag = f"d{xen.DOM0_VCPUS}u{vcpus}p{streams}"
+    out = paths.REPO / "results" / f"xen-bench-{tag}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"seconds": args.seconds, "table": table,
+    out.write_text(json.dumps({"seconds": args.seconds, "config": config, "table": table,
                                "results": run.results, "console": run.log_path},
                               indent=2) + "\n")
     print(f"\n{out}\nconsole: {run.log_path}")
