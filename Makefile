@@ -65,7 +65,9 @@ test-full: setup build unit
 # (gsonet vs QEMU virtio-net + tap vs DPDK testpmd; SECONDS=3 REPEATS=1 for a smoke
 # run), then the noisy-neighbour run (two honest guests, one attacker with each
 # attack of examples/attacker.rs in turn; NOISY_SECONDS, NOISY_REPEATS).
-# Then the Xen rig: gsonet vs the kernel netback vs QEMU's netback in one boot.
+# Then the Xen rig: gsonet vs the kernel netback vs QEMU's netback in one boot, 3
+# rounds each: the floor (1 dom0 vCPU, 1-vCPU domUs, one stream), then the headline
+# (2 dom0 vCPUs, 2-vCPU domUs with two queues each, 4 streams).
 # Then the capacity benchmark (below).
 # Results: results/bench-<timestamp>/, results/noisy-<timestamp>/, results/xen-bench-*.json,
 # results/capacity-<timestamp>/.
@@ -75,6 +77,7 @@ bench: setup build
 	$(CARGO) build --release --example attacker
 	$(SUDO) python3 scripts/noisy.py
 	$(SUDO) python3 scripts/xen_bench.py
+	$(SUDO) env GSONET_XEN_DOM0_VCPUS=2 python3 scripts/xen_bench.py
 	-$(CARGO) build --release --example tso_loadgen
 	$(SUDO) python3 scripts/capacity.py $(CAPACITY_ARGS)
 

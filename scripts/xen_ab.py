@@ -3,9 +3,11 @@
 variants take turns serving a fresh domU (XT rounds of each), iperf3 both ways.
 
     python3 scripts/xen_ab.py NAME=BINARY[:VAR=VALUE...] ... [kernel] [--rounds 2]
-        [--seconds 5] [--streams N] [--domus 2]
+        [--seconds 5] [--streams N] [--domus 2] [--domu-vcpus N]
 
-A variant may set environment variables for its gsonet (NAME=BINARY:VAR=1). The
+A variant may set environment variables for its gsonet (NAME=BINARY:VAR=1), and
+words to append to its `--xen-vif auto` and `--uplink tap=xttap0` specs with the
+pseudo-variables vif= and tap= (e.g. q1=BINARY:vif=,queues=1). The
 variant `kernel` is Linux's xen-netback with the domU's vif on a bridge holding dom0's
 address, taking its turns like the others: the ratio to it is measured round by
 round in one boot, not once. With --domus 2, each turn boots two domUs and measures
@@ -52,6 +54,8 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=1, help="parallel TCP streams (iperf3 -P)")
     ap.add_argument("--domus", type=int, choices=(1, 2), default=1,
                     help="2: measure domU 1 -> domU 2 instead of dom0 <-> domU")
+    ap.add_argument("--domu-vcpus", type=int, default=1,
+                    help="vCPUs of each domU (its netfront asks for a queue per vCPU)")
     args = ap.parse_args()
     paths = ("domu_to_domu",) if args.domus == 2 else ("dom0_to_domu", "domu_to_dom0")
     variants = []
@@ -73,11 +77,17 @@ def main() -> int:
     names = " ".join(n for n, _, _ in variants)
     script = xen.scenario("gsonet-ab", XT_VARIANTS=names, XT_ROUNDS=args.rounds,
                           XT_SECONDS=args.seconds, XT_DOMUS=args.domus,
+                          XT_DOMU_VCPUS=args.domu_vcpus,
                           XT_IPERF_ARGS=f"-P {args.streams}" if args.streams > 1 else "")
     files: dict[str, bytes | str] = {}
     for n, p, env in variants:
         if p is None:
             continue
+        # vif= and tap=: words for its specs, read by gsonet-ab.sh
+        for key in ("vif", "tap"):
+            words = [e.split("=", 1)[1] for e in env if e.split("=", 1)[0] == key]
+            files[f"gsonet-{n}.{key}"] = "".join(words)
+        env = [e for e in env if e.split("=", 1)[0] not in ("vif", "tap")]
         # /xt/gsonet-N starts the build with its environment (exec: the same pid)
         files[f"gsonet-{n}.bin"] = Path(p).read_bytes()
         files[f"gsonet-{n}"] = f"#!/bin/sh\nexec env {' '.join(env)} /xt/gsonet-{n}.bin \"$@\"\n"

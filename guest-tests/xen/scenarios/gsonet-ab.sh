@@ -39,6 +39,7 @@ gsonet_stats_of() {
     [ "$1" = kernel ] || gsonet_stats "$2"
 }
 chmod +x /xt/gsonet-*
+chmod -x /xt/gsonet-*.vif /xt/gsonet-*.tap 2>/dev/null
 r=1
 while [ $r -le "${XT_ROUNDS:-2}" ]; do
     for v in $XT_VARIANTS; do
@@ -54,7 +55,9 @@ while [ $r -le "${XT_ROUNDS:-2}" ]; do
             continue
         fi
         cp "/xt/gsonet-$v" /xt/gsonet
-        gsonet_start --xen-vif auto --uplink tap=xttap0
+        # words for its specs (scripts/xen_ab.py: vif=, tap=)
+        gsonet_start --xen-vif "auto$(cat "/xt/gsonet-$v.vif" 2>/dev/null)" \
+            --uplink "tap=xttap0$(cat "/xt/gsonet-$v.tap" 2>/dev/null)"
         domu_create gdomU1
         [ "$NDOM" = 2 ] && domu_create gdomU2
         ip addr add 10.99.0.1/24 dev xttap0
