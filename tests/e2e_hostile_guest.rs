@@ -172,6 +172,10 @@ fn seed_from_env() -> u64 {
     }
 }
 
+/// Operations every run does, whatever GSONET_FUZZ_SECS and the machine's speed (a
+/// loaded 2-core machine does about 1000 in the default 3 s).
+const MIN_ITERS: u64 = 500;
+
 fn secs_from_env() -> f64 {
     std::env::var("GSONET_FUZZ_SECS")
         .ok()
@@ -1387,7 +1391,8 @@ fn hostile_guest_cannot_hurt_its_peers() {
 
     let start = Instant::now();
     let mut iters = 0u64;
-    while start.elapsed().as_secs_f64() < secs {
+    // At least MIN_ITERS operations however slow the machine: the time only adds more.
+    while iters < MIN_ITERS || start.elapsed().as_secs_f64() < secs {
         let op = pick_op(&mut rng);
         *h.counts.entry(op_name(op)).or_default() += 1;
         match op {
@@ -1408,6 +1413,10 @@ fn hostile_guest_cannot_hurt_its_peers() {
         }
     }
     let elapsed = start.elapsed().as_secs_f64();
+    for op in ["raw_tx", "header_fuzz", "mutate", "rx_abuse", "good"] {
+        let n = h.counts.get(op).copied().unwrap_or(0);
+        assert!(n >= 5, "only {n} {op} operations: {:?}", h.counts);
+    }
     let s = check_counters(&h);
     let log = h.d.log_text();
     assert!(!log.contains("panicked"), "the daemon panicked:\n{log}");

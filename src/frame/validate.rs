@@ -658,36 +658,65 @@ mod tests {
 
     #[test]
     fn drop_reasons_are_distinct() {
-        let all = [
-            InvalidHdr::GsoNotNegotiated(GsoType::NONE),
-            InvalidHdr::CsumNotNegotiated,
-            InvalidHdr::GsoSizeZero,
-            InvalidHdr::GsoSizeMax,
+        // One sample per variant, each beside the pattern of its variant. The patterns
+        // form a match without a wildcard, so a variant added to InvalidHdr does not
+        // compile until it has an entry (and with it a sample) here; a repeated
+        // pattern is an unreachable-pattern warning, an error under clippy -D warnings.
+        macro_rules! every_variant {
+            ($($sample:expr => $pat:pat),+ $(,)?) => {{
+                #[allow(dead_code)]
+                fn exhaustive(e: InvalidHdr) {
+                    match e {
+                        $($pat => {})+
+                    }
+                }
+                let all = [$($sample),+];
+                let pats: [fn(&InvalidHdr) -> bool; 0 $(+ { let _ = stringify!($pat); 1 })+] =
+                    [$(|e| matches!(e, $pat)),+];
+                for (s, p) in all.iter().zip(pats) {
+                    assert!(p(s), "{s:?} is not the variant beside it");
+                }
+                all
+            }};
+        }
+        let all = every_variant![
+            InvalidHdr::GsoNotNegotiated(GsoType::NONE) => InvalidHdr::GsoNotNegotiated(_),
+            InvalidHdr::CsumNotNegotiated => InvalidHdr::CsumNotNegotiated,
+            InvalidHdr::GsoSizeZero => InvalidHdr::GsoSizeZero,
+            InvalidHdr::GsoSizeMax => InvalidHdr::GsoSizeMax,
             InvalidHdr::CsumOutOfFrame {
                 start: 0,
                 offset: 0,
                 frame_len: 0,
-            },
-            InvalidHdr::CsumStartTooSmall { start: 0, min: 0 },
+            } => InvalidHdr::CsumOutOfFrame { .. },
+            InvalidHdr::CsumStartTooSmall { start: 0, min: 0 }
+                => InvalidHdr::CsumStartTooSmall { .. },
+            InvalidHdr::CsumInHeaders { start: 0, l4_off: 0 } => InvalidHdr::CsumInHeaders { .. },
             InvalidHdr::CsumStartNotL4 {
                 start: 0,
                 l4_off: 0,
-            },
-            InvalidHdr::BadHeaders(ParseError::HeadersTooLong),
+            } => InvalidHdr::CsumStartNotL4 { .. },
+            InvalidHdr::BadHeaders(ParseError::HeadersTooLong) => InvalidHdr::BadHeaders(_),
             InvalidHdr::L3Mismatch {
                 gso: GsoKind::TcpV4,
                 found: L3::Ipv6,
-            },
+            } => InvalidHdr::L3Mismatch { .. },
             InvalidHdr::L4Mismatch {
                 gso: GsoKind::TcpV4,
                 proto: 17,
-            },
-            InvalidHdr::TsoCsumOffset(0),
-            InvalidHdr::UsoNoCsum,
-            InvalidHdr::UsoCsumOffset(0),
-            InvalidHdr::UsoEcn,
-            InvalidHdr::UsoTooManySegments { segments: 0 },
-            InvalidHdr::Unsegmentable(SegmentError::GsoSizeZero),
+            } => InvalidHdr::L4Mismatch { .. },
+            InvalidHdr::TsoCsumOffset(0) => InvalidHdr::TsoCsumOffset(_),
+            InvalidHdr::UsoNoCsum => InvalidHdr::UsoNoCsum,
+            InvalidHdr::UsoCsumOffset(0) => InvalidHdr::UsoCsumOffset(_),
+            InvalidHdr::UfoCsumOffset(0) => InvalidHdr::UfoCsumOffset(_),
+            InvalidHdr::UsoEcn => InvalidHdr::UsoEcn,
+            InvalidHdr::UsoTooManySegments { segments: 0 } => InvalidHdr::UsoTooManySegments { .. },
+            InvalidHdr::Unsegmentable(SegmentError::GsoSizeZero) => InvalidHdr::Unsegmentable(_),
+            InvalidHdr::LengthMismatch {
+                field: "ip",
+                says: 0,
+                actual: 0,
+            } => InvalidHdr::LengthMismatch { .. },
         ];
         let mut names: Vec<DropReason> = all.iter().map(|&e| e.into()).collect();
         names.sort_unstable();
