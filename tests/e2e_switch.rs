@@ -553,8 +553,10 @@ fn segments_for_a_rate_limited_guest_leave_at_its_rate() {
     let wire: usize = paced[..paced.len() - 1].iter().map(|(_, f)| f.len()).sum();
     let expected = Duration::from_secs_f64(wire as f64 / rate);
     let span = paced.last().unwrap().0 - paced[0].0;
+    // Not sooner than the rate allows (a slow machine only makes it later); the upper
+    // bound is far, only a pacer stuck for whole hold periods breaks it.
     assert!(
-        span >= expected.mul_f64(0.8) && span <= expected.mul_f64(2.5),
+        span >= expected.mul_f64(0.8) && span <= expected * 10,
         "45 segments over {span:?}, at the rate {expected:?}\n{:#}",
         d.stats().unwrap()
     );
@@ -572,10 +574,13 @@ fn segments_for_a_rate_limited_guest_leave_at_its_rate() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // Let A's hold for the last frame's debt run out.
     std::thread::sleep(expected);
+    // Unlimited, the same frame comes in well under the paced span of the same run
+    // (a busy machine stretches both; still paced, it would take about as long).
     let burst = segments_with_arrival(&mut a, &mut b);
     let burst_span = burst.last().unwrap().0 - burst[0].0;
+    eprintln!("45 segments: {span:?} at 10 Mbit/s, {burst_span:?} unlimited");
     assert!(
-        burst_span < expected / 4,
+        burst_span < span / 2,
         "unlimited, the segments took {burst_span:?} (paced: {span:?})"
     );
     assert_eq!(d.port_drops(1).unwrap(), 0, "{:#}", d.stats().unwrap());
