@@ -89,8 +89,8 @@ nothing. docs/operations.md, section Ports at runtime, has the details.")]
         /// next frontend connection, e.g. when its QEMU restarts), max_burst=N|off,
         /// gro=on|off, rate=MBIT|off, burst=KB, rx_rate=MBIT|off, rx_burst=KB,
         /// rx_coalesce_usecs=N, rx_coalesce_frames=N and tx_coalesce_usecs=N (at
-        /// once); uplinks take
-        /// gso=pass|software and max_burst (at once).
+        /// once); uplinks take gso=pass|software, max_burst=N|off, rate=MBIT|off,
+        /// burst=KB, rx_rate=MBIT|off and rx_burst=KB (at once).
         settings: Vec<String>,
     },
     /// Write shell completions (bash, zsh, fish, elvish) or man pages into DIR
@@ -125,11 +125,18 @@ const EXIT_CONFIG: u8 = 2;
 #[derive(Args)]
 struct ServeArgs {
     /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mac_lock=on][,mac_limit=N]
-    /// [,mtu=N][,max_burst=N][,vlan=N | ,trunk=on,allowed_vlans=LIST]
+    /// [,mtu=N][,max_burst=N][,gro=on|off][,rate=MBIT[,burst=KB]][,rx_rate=MBIT[,rx_burst=KB]]
+    /// [,vlan=N | ,trunk=on,allowed_vlans=LIST]
     /// [,socket_mode=MODE][,socket_group=GROUP][,tx_poll_us=N][,busy_poll_us=N]
     /// and offload switches offloads|csum|guest_csum|tso|ecn|ufo|uso|mrg_rxbuf|event_idx|indirect_desc=on|off.
-    /// gsonet listens on PATH (QEMU connects); with `client` it connects to a QEMU started
-    /// with server=on. Repeat for more guests.
+    /// gsonet listens on PATH (QEMU connects); with `client` (or server=off) it connects to
+    /// a QEMU started with server=on. path=PATH is the same as socket=PATH. Repeat for more
+    /// guests. gro=on (default): in-order TCP segments (and UDP datagrams for a guest
+    /// with USO) of one flow within a batch reach the guest as one GSO frame.
+    /// rate=MBIT (off by default): what the guest may send, its TX queue held over it;
+    /// burst=KB (default 128) what an idle guest saves up. rx_rate=MBIT and rx_burst=KB:
+    /// the same for what it receives (a sending guest is held, a frame from an uplink
+    /// dropped, rate_limited).
     /// mac=MAC is pinned to the port: frames from that address elsewhere are dropped.
     /// mac_lock=on (needs mac=): the guest may send only from its mac= (mac_spoofed).
     /// mac_limit=N (default 256): addresses learned on the port at once; past it the
@@ -198,8 +205,9 @@ struct ServeArgs {
     /// The domU's vif uses script=vif-none, with the kernel's xen-netback not loaded.
     #[arg(long = "xen-vif", value_name = "SPEC")]
     xen_vifs: Vec<String>,
-    /// A TOML file with [[port]] and [[uplink]] tables (same keys as above), `control`,
-    /// `control_mode`, `control_group` and `mac_aging`; --port/--uplink add to it.
+    /// A TOML file with [[port]], [[uplink]] and [[xen_vif]] tables (same keys as above),
+    /// `control`, `control_mode`, `control_group`, `mac_aging` and `metrics`;
+    /// --port/--uplink/--xen-vif add to it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Control socket for `gsonet stats` and `gsonet ctl`.

@@ -327,6 +327,26 @@ fn reload_applies_the_difference_and_a_bad_file_changes_nothing() {
         "the command line's port stays"
     );
 
+    // What a reload does not apply is named, each by its key; the ports stay.
+    write(
+        &file,
+        &[
+            "control_mode = \"0640\"\nmac_aging = 100\n".to_string(),
+            port_toml(&fa, "max_burst = 1400"),
+            port_toml(&fc, ""),
+            port_toml(&fd, "vlan = 20"),
+            "[[xen_vif]]\ndomid = 5\n".to_string(),
+        ]
+        .concat(),
+    );
+    let r = ctl(&d, &["reload"]).expect("reload");
+    assert_eq!(
+        names(&r["ok"]["reloaded"]["not_applied"]),
+        vec!["control_mode", "mac_aging", "xen_vif"],
+        "{r}"
+    );
+    assert_eq!(ports(&d.stats().unwrap()), ports(&s));
+
     // Bad files: nothing changes, and the reply says why.
     let before = ports(&s);
     for (text, why) in [

@@ -854,11 +854,17 @@ impl Runtime {
         for (key, differs) in [
             ("control", new.control != s.control),
             (
-                "control_mode/control_group",
-                new.control_access != s.control_access,
+                "control_mode",
+                new.control_access.mode != s.control_access.mode,
+            ),
+            (
+                "control_group",
+                new.control_access.group != s.control_access.group,
             ),
             ("mac_aging", new.mac_aging_secs != s.mac_aging_secs),
             ("metrics", new.metrics != s.metrics),
+            // Vifs come and go with their domUs, not with a reload.
+            ("xen_vif", new.xen_vifs != s.xen_vifs),
         ] {
             if differs {
                 report.not_applied.push(key.to_string());
