@@ -3,7 +3,7 @@
 Two guests on one gsonet; B sends to A. With `gsonet ctl port:1 rate=200` the
 queue is held (`tx_holds`, `tx_throttled_us` on B's port) and a file still arrives
 with its md5; iperf3 B->A under the limit is recorded with B's TSO on and off
-(`rate.200.tso_mbit`, `rate.200.no_tso_mbit`: the target is 190-210); with
+(`rate.200.tso_mbit`, `rate.200.no_tso_mbit`) and must be 100-220 Mbit/s; with
 `rate=off` the queue is never held.
 """
 
@@ -53,6 +53,15 @@ def _b_delta(ns, fn):
     return r, counters_delta(before, ns.gs.port_stats(1)["stats"])
 
 
+def _assert_near_200(mbit: float, what: str):
+    """The rate iperf3 measured under a 200 Mbit/s limit. A limiter never lets more
+    through than the rate (plus the 5 s share of its burst): 10% above is a failure.
+    Below, a busy machine can slow TCG guests, which alone move well over 1 Gbit/s
+    here; half the rate is the floor that still says the limit is the bottleneck
+    rather than something that stalls the flow."""
+    assert 100 <= mbit <= 220, f"{what}: {mbit:.0f} Mbit/s under a 200 Mbit/s limit"
+
+
 @pytest.mark.slow
 def test_limited_sender_is_held_and_data_arrives(pair):
     pair.gs.ctl("port:1", "rate=200")
@@ -79,6 +88,7 @@ def test_iperf3_under_a_200_mbit_limit(pair, record_measurement):
                                                                   seconds=SECONDS))
             record_measurement(f"rate.200.{name}_mbit", gbps * 1000)
             assert d["tx_holds"] > 0, (name, d)
+            _assert_near_200(gbps * 1000, name)
     finally:
         pair.b.ethtool_set(tso=True, gso=True)
         pair.gs.ctl("port:1", "rate=off")
@@ -93,6 +103,7 @@ def test_receiver_rx_rate_holds_the_sender(pair, record_measurement):
                                                               seconds=SECONDS))
         record_measurement("rate.200.rx_mbit", gbps * 1000)
         assert d["tx_holds"] > 0, d
+        _assert_near_200(gbps * 1000, "rx_rate")
         assert "rate_limited" not in d["drops"], d
     finally:
         pair.gs.ctl("port:0", "rx_rate=off")

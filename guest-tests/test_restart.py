@@ -222,9 +222,16 @@ def _report(record, key: str, outages: list[float]) -> float:
     return med
 
 
+def _carrier_changes(g) -> int:
+    return int(g.run_ok("cat /sys/class/net/eth0/carrier_changes").strip())
+
+
 def _run_server_mode(guest_env, tmp_path_factory, record, *, sig: int, key: str,
                      restarts: int, props: dict | None = None, iperf: bool = False,
-                     stream: bool = True, activated: bool = False) -> list[float]:
+                     stream: bool = True, activated: bool = False,
+                     seen: dict | None = None) -> list[float]:
+    """The restarts; `seen` (if given) gets `carrier_changes`: how often the guest's
+    eth0 saw its link go down or up over them."""
     n = alloc_subnet()
     net = _host_net(n)
     tap = f"gsrs{os.getpid() % 10000}{n % 100}"
@@ -250,6 +257,7 @@ def _run_server_mode(guest_env, tmp_path_factory, record, *, sig: int, key: str,
         before = tap_state(tap)
         ping = PingFlood(net["guest_ip"], work / "ping.log")
         ping.wait_reply_after(time.time() - 1)
+        carrier0 = _carrier_changes(g)
         if iperf:
             srv = subprocess.Popen(["iperf3", "-s", "-1", "-B", net["host_ip"], "-p", "5299"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -268,6 +276,8 @@ def _run_server_mode(guest_env, tmp_path_factory, record, *, sig: int, key: str,
             gs.wait_port(0, True, timeout=60)
             ping.wait_reply_after(t + 1.0)
         outages = _outages(ping, times)
+        if seen is not None:
+            seen["carrier_changes"] = _carrier_changes(g) - carrier0
         if st:
             assert st.finish() == st.md5, "the stream's md5 differs after the restarts"
         if iperf:
@@ -296,9 +306,13 @@ def _run_server_mode(guest_env, tmp_path_factory, record, *, sig: int, key: str,
 def test_sigkill_server_mode(guest_env, tmp_path_factory, record_measurement):
     """SIGKILL while a 256 MiB stream runs, restarted at once, three times: QEMU
     reconnects, the stream finishes with the host's md5, the tap is the same."""
+    seen: dict = {}
     outages = _run_server_mode(guest_env, tmp_path_factory, record_measurement,
-                               sig=signal.SIGKILL, key="restart.server_sigkill", restarts=3)
+                               sig=signal.SIGKILL, key="restart.server_sigkill", restarts=3,
+                               seen=seen)
     _report(record_measurement, "restart.server_sigkill", outages)
+    # A guest with the link-status bit sees each restart as its link going down and up.
+    assert seen["carrier_changes"] >= 2 * 3, seen
 
 
 def test_sigterm_server_mode_with_iperf3(guest_env, tmp_path_factory, record_measurement):
@@ -315,12 +329,18 @@ def test_status_off_guest(guest_env, tmp_path_factory, record_measurement):
     keeps the tap's MAC in its ARP cache. The tap keeps its MAC and the host keeps its
     ARP entry for the guest, so the gap is the restart itself: QEMU's reconnect-ms
     and the vhost-user set-up."""
+    seen: dict = {}
     outages = _run_server_mode(guest_env, tmp_path_factory, record_measurement,
                                sig=signal.SIGKILL, key="restart.status_off", restarts=3,
-                               props={"status": False})
-    med = _report(record_measurement, "restart.status_off", outages)
+                               props={"status": False}, seen=seen)
+    _report(record_measurement, "restart.status_off", outages)
+    # The behaviour, by count: the guest never saw its link change, so it kept its
+    # neighbours (test_sigkill_server_mode shows the same count moving with status on).
+    # The outage figure (~130 ms against ~1 s with status, docs/operations.md) is
+    # recorded, not asserted: a busy machine moves it. 10 s means traffic never
+    # came back by itself.
+    assert seen["carrier_changes"] == 0, seen
     assert max(outages) < 10_000, outages
-    assert med <= 1000, f"outage median {med:.0f} ms over the 1 s target: {outages}"
 
 
 @pytest.mark.full
