@@ -634,6 +634,33 @@ mod tests {
     }
 
     #[test]
+    fn a_chain_longer_than_4_gib_is_malformed() {
+        // An indirect table whose writable descriptors add up to more than
+        // u32::MAX bytes (the first would take the whole frame): virtio-queue ends
+        // the chain before the descriptor that passes it.
+        use virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT;
+        let m = mem();
+        let mock = MockSplitQueue::new(&m, 16);
+        let table = 0x80000u64;
+        for (i, (len, flags)) in [(0x8000_0000u32, W | N), (0x8000_0000, W)]
+            .into_iter()
+            .enumerate()
+        {
+            let d = Descriptor::new(0x10000 + i as u64 * 0x1000, len, flags, i as u16 + 1);
+            m.write_obj(RawDescriptor::from(d), GuestAddress(table + 16 * i as u64))
+                .unwrap();
+        }
+        let ind = Descriptor::new(table, 32, VRING_DESC_F_INDIRECT as u16, 0);
+        mock.build_desc_chain(&[RawDescriptor::from(ind)]).unwrap();
+        let mut q: Queue = mock.create_queue().unwrap();
+        let r = mrg_write(&mut q, &m, &mut RxScratch::default(), true, &pattern(100));
+        // Before: claimed, the frame written into the first descriptor.
+        assert_eq!(r, Err(RxError::BadChain));
+        assert_eq!(mock.used().idx().load(), 1);
+        assert_eq!(used(&mock, 0), (0, 0));
+    }
+
+    #[test]
     fn a_well_formed_indirect_chain_is_written() {
         let m = mem();
         let mock = MockSplitQueue::new(&m, 16);

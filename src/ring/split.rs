@@ -10,7 +10,9 @@
 //!
 //! Chains are walked with virtio-queue's rules (the fuzz target checks the two walk
 //! alike): at most `size` descriptors in the table, at most the table's length in an
-//! indirect table, no indirect table inside one, a next index inside its table.
+//! indirect table, no indirect table inside one, a next index inside its table, at
+//! most `u32::MAX` bytes in all (VIRTIO 1.2, 2.7.5.2: a driver must not add a chain
+//! longer than 2^32 bytes).
 
 use std::num::Wrapping;
 use std::sync::atomic::Ordering;
@@ -94,6 +96,9 @@ pub fn walk_chain(
     let mut ttl = u64::from(size);
     let mut index = u64::from(head);
     let mut indirect = false;
+    // Bytes of the descriptors so far: virtio-queue ends the chain, without the
+    // descriptor, where they would pass `u32::MAX`.
+    let mut bytes = 0u32;
     loop {
         if ttl == 0 || index >= table_len {
             // virtio-queue ends the chain silently here; whatever came before shows
@@ -124,6 +129,11 @@ pub fn walk_chain(
             index = 0;
             continue;
         }
+        let Some(more) = bytes.checked_add(d.len) else {
+            // Longer than 2^32 bytes: the descriptor before still points on.
+            return WalkEnd::Broken;
+        };
+        bytes = more;
         if out.len() - start == max {
             return WalkEnd::TooMany;
         }
@@ -373,6 +383,28 @@ mod tests {
             walk_chain(&h, 0x3ffff0, 1, 0, 64, &mut out),
             WalkEnd::Unreadable
         );
+    }
+
+    #[test]
+    fn a_chain_longer_than_4_gib_is_broken_where_virtio_queue_ends_it() {
+        let m = mem();
+        let h = HostMem::new(&m);
+        // u32::MAX bytes in all is a chain; one byte more ends it before the last
+        // descriptor, which leaves the one before pointing on.
+        for (last, want) in [
+            (0x7fff_ffffu32, WalkEnd::Complete),
+            (0x8000_0000, WalkEnd::Broken),
+        ] {
+            let mock = MockSplitQueue::new(&m, 16);
+            chain(&mock, &[(0x8000, 0x8000_0000, N), (0x9000, last, 0)]);
+            let mut q: Queue = mock.create_queue().unwrap();
+            let mut out = Vec::new();
+            let r = SplitRing::of(&q);
+            assert_eq!(walk_chain(&h, r.desc, r.size, 0, 16, &mut out), want);
+            let theirs: Vec<_> = q.pop_descriptor_chain(&m).unwrap().collect();
+            assert_eq!(out.len(), theirs.len());
+            assert_eq!(out.last().unwrap().has_next(), want == WalkEnd::Broken);
+        }
     }
 
     #[test]
