@@ -20,7 +20,7 @@ use vm_memory::{Bytes, GuestAddress};
 use crate::ring::host::HostMem;
 use crate::ring::rx::{write_frame, write_frame_in, RxError, RxFormat, RxScratch, Source};
 use crate::ring::rx::{MAX_CHAINS_PER_FRAME, MAX_DESCS_PER_FRAME};
-use crate::ring::split::{walk_chain, SplitRing};
+use crate::ring::split::{walk_chain, SplitRing, WalkEnd};
 use crate::ring::tx::{TxBatch, TxError, MAX_FRAME, MIN_FRAME};
 use crate::ring::GuestMem;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
@@ -296,7 +296,6 @@ const FUZZ_BATCH_CHAINS: usize = 4;
 fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
     let hdr_len = mode.hdr_len();
     let max_descs = usize::from(q.size());
-    let mut walk = Vec::new();
     let hm = HostMem::new(m);
     let mut split = SplitRing::of(q);
     let chains = prewalk(ring, m, q.next_avail(), usize::from(q.size()) + 1);
@@ -316,9 +315,21 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
     let mut left = pending;
     while left > 0 {
         batch.arena.fill(0xa5);
-        // The bytes of every chain still available, as they are before the take.
-        let before: Vec<Vec<Vec<u8>>> = wants
-            .clone()
+        // The chains this batch may take, read as they are before the take: an
+        // earlier batch's used entries may have changed them (a descriptor or
+        // indirect table in the used ring), the take itself reads them all before it
+        // writes any used entry.
+        let next = prewalk(
+            ring,
+            m,
+            split.next_avail.0,
+            usize::from(left).min(FUZZ_BATCH_CHAINS),
+        );
+        for c in &next {
+            check_walk(&hm, &split, c, max_descs);
+        }
+        let before: Vec<Vec<Vec<u8>>> = next
+            .iter()
             .map(|c| {
                 c.descs
                     .iter()
@@ -339,19 +350,11 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
         let mut at = 0usize;
         let mut outside = 0usize;
         for (k, r) in batch.frames.iter().enumerate() {
-            let want = wants.next().expect("no more chains taken than available");
+            let first = wants.next().expect("no more chains taken than available");
+            let want = &next[k];
+            assert_eq!(first.head, want.head, "the avail ring changed");
             let descs = &want.descs;
             let total: u64 = descs.iter().map(|d| u64::from(d.len())).sum();
-            // Our walk is virtio-queue's, up to where it stopped.
-            walk.clear();
-            walk_chain(&hm, split.desc, split.size, want.head, max_descs, &mut walk);
-            let same = walk.len().min(descs.len());
-            for (a, b) in walk[..same].iter().zip(&descs[..same]) {
-                assert_eq!(
-                    (a.addr, a.len, a.flags, a.next),
-                    (b.addr().0, b.len(), b.flags(), b.next())
-                );
-            }
             let too_many = descs.len() > max_descs;
             let writable = descs.iter().any(|d| d.is_write_only());
             let unmapped = descs
@@ -364,7 +367,6 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
             match r {
                 Ok(f) => {
                     assert!(checked && !unmapped);
-                    assert_eq!(walk.len(), descs.len());
                     assert_eq!(f.start, at + hdr_len, "chain {k} is not where it belongs");
                     assert_eq!(
                         (f.start + f.len - at) as u64,
@@ -434,6 +436,34 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
     );
 }
 
+/// `walk_chain` (at most `max` descriptors) agrees with virtio-queue's walk of `c`,
+/// read from the same memory: the same descriptors, and it ends where that one does.
+fn check_walk(hm: &HostMem<'_>, split: &SplitRing, c: &Chain, max: usize) {
+    let mut walk = Vec::new();
+    let end = walk_chain(hm, split.desc, split.size, c.head, max, &mut walk);
+    let ours: Vec<_> = walk
+        .iter()
+        .map(|a| (a.addr, a.len, a.flags, a.next))
+        .collect();
+    let theirs: Vec<_> = c
+        .descs
+        .iter()
+        .map(|b| (b.addr().0, b.len(), b.flags(), b.next()))
+        .collect();
+    if end == WalkEnd::TooMany {
+        assert!(walk.len() == max && theirs.len() > max, "{end:?} {walk:?}");
+        assert_eq!(ours[..], theirs[..max], "head {}", c.head);
+    } else {
+        assert_eq!(ours, theirs, "head {} walk {end:?}", c.head);
+        assert_eq!(
+            end == WalkEnd::Complete,
+            walk.last().is_some_and(|d| !d.has_next()),
+            "head {} walk {end:?}",
+            c.head
+        );
+    }
+}
+
 fn well_formed(c: &Chain, fmt: RxFormat, size: u16) -> bool {
     (fmt.indirect || !c.head_indirect)
         && c.head < size
@@ -465,12 +495,29 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
         let next_avail = q.next_avail();
         let used_idx = ring.used_idx(m);
         let chains = prewalk(ring, m, next_avail, MAX_CHAINS_PER_FRAME + 1);
+        {
+            let split = SplitRing::of(q);
+            for c in &chains {
+                check_walk(&HostMem::new(m), &split, c, usize::from(size));
+            }
+        }
         let r = if mode.deferred {
             let hm = HostMem::new(m);
             let mut split = SplitRing::of(q);
             let src = Source::Own(&parts);
             let r = write_frame_in(&mut split, &hm, &mut scratch, hdr, fmt, src, false);
-            if r.is_ok() {
+            // A claimed buffer over the used index holds frame bytes there.
+            let claimed = usize::from((split.next_avail - std::num::Wrapping(next_avail)).0);
+            let idx = (ring.used + 2, ring.used + 4);
+            let over_idx = chains
+                .iter()
+                .take(claimed)
+                .flat_map(|c| c.descs.iter())
+                .any(|d| {
+                    let (a, l) = (d.addr().0, u64::from(d.len()));
+                    d.is_write_only() && a < idx.1 && a.saturating_add(l) > idx.0
+                });
+            if r.is_ok() && !over_idx {
                 assert_eq!(
                     ring.used_idx(m),
                     used_idx,
@@ -863,6 +910,27 @@ fn base_seeds() -> Vec<Vec<u8>> {
         ..all(false, false, true)
     };
     out.push(encode(legacy, 1, 1, &hdr, &[0], &[0], &[ind], &table));
+    // RX and TX: an indirect chain of more than u32::MAX bytes, which virtio-queue
+    // ends before its last descriptor (RX once claimed it and wrote the frame into
+    // its first buffer).
+    for (mode, flags) in [
+        (all(true, true, true), F_WRITE),
+        (all(false, false, true), 0),
+    ] {
+        let mut table = Vec::new();
+        for i in 0..2u16 {
+            let next = if i < 1 { F_NEXT } else { 0 };
+            let d = Descriptor::new(
+                u64::from(BUFS + i * 0x100),
+                0x8000_0000,
+                flags | next,
+                i + 1,
+            );
+            table.extend_from_slice(vm_memory::ByteValued::as_slice(&RawDescriptor::from(d)));
+        }
+        let ind = Desc { len: 32, ..ind };
+        out.push(encode(mode, 2, 1, &hdr, &[100], &[0], &[ind], &table));
+    }
     out
 }
 
