@@ -99,75 +99,51 @@ pub fn fuzz_one(data: &[u8]) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The seed corpus of `fuzz/corpus/segment`: TSO, USO and UFO frames over IPv4 and
+/// IPv6 with VLAN tags, extension headers and TCP options, split and whole.
+pub fn seeds() -> Vec<Vec<u8>> {
     use crate::testkit::frames::{build, gso_hdr, pattern, FrameSpec};
     use crate::vnet_hdr::{GsoKind, GsoType};
-
-    fn corpus_dir() -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/segment")
-    }
-
-    /// The smoke run: every corpus file through the fuzz function.
-    #[test]
-    fn fuzz_corpus_replays() {
-        let mut n = 0;
-        for e in std::fs::read_dir(corpus_dir()).expect("fuzz corpus missing") {
-            let data = std::fs::read(e.unwrap().path()).unwrap();
-            fuzz_one(&data);
-            n += 1;
+    let mut seeds = Vec::new();
+    for (i, (v6, tcp, kind, gso, n)) in [
+        (false, true, GsoKind::TcpV4, 1448u16, 4000usize),
+        (true, true, GsoKind::TcpV6, 1428, 3000),
+        (false, false, GsoKind::UdpL4, 1472, 3000),
+        (true, false, GsoKind::UdpL4, 2, 5),
+        (false, false, GsoKind::Udp, 1480, 4000),
+        (true, false, GsoKind::Udp, 1448, 3000),
+        (false, true, GsoKind::None, 0, 100),
+        (false, false, GsoKind::UdpL4, 1, 129),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let spec = FrameSpec {
+            v6,
+            tcp,
+            vlans: if i % 3 == 0 { vec![0x8100] } else { vec![] },
+            ip6_exts: if v6 && i % 2 == 1 {
+                vec![(0, 0), (60, 0)]
+            } else {
+                vec![]
+            },
+            tcp_opts: if i % 2 == 0 {
+                vec![1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2]
+            } else {
+                vec![]
+            },
+            payload: pattern(n),
+            ..FrameSpec::default()
+        };
+        let (f, l4) = build(&spec);
+        let mut h = gso_hdr(kind, gso, l4, tcp);
+        if kind == GsoKind::None {
+            h.gso = GsoType::NONE;
         }
-        assert!(n >= 10, "only {n} corpus files");
+        seeds.push(encode(&h, false, None, &[3, 30, 61], &f));
+        seeds.push(encode(&h, true, Some(1500), &[], &f));
     }
-
-    /// Regenerates the seed corpus: `cargo test --lib write_fuzz_seeds -- --ignored`.
-    #[test]
-    #[ignore]
-    fn write_fuzz_seeds() {
-        let dir = corpus_dir();
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut seeds = Vec::new();
-        for (i, (v6, tcp, kind, gso, n)) in [
-            (false, true, GsoKind::TcpV4, 1448u16, 4000usize),
-            (true, true, GsoKind::TcpV6, 1428, 3000),
-            (false, false, GsoKind::UdpL4, 1472, 3000),
-            (true, false, GsoKind::UdpL4, 2, 5),
-            (false, false, GsoKind::Udp, 1480, 4000),
-            (true, false, GsoKind::Udp, 1448, 3000),
-            (false, true, GsoKind::None, 0, 100),
-            (false, false, GsoKind::UdpL4, 1, 129),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let spec = FrameSpec {
-                v6,
-                tcp,
-                vlans: if i % 3 == 0 { vec![0x8100] } else { vec![] },
-                ip6_exts: if v6 && i % 2 == 1 {
-                    vec![(0, 0), (60, 0)]
-                } else {
-                    vec![]
-                },
-                tcp_opts: if i % 2 == 0 {
-                    vec![1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2]
-                } else {
-                    vec![]
-                },
-                payload: pattern(n),
-                ..FrameSpec::default()
-            };
-            let (f, l4) = build(&spec);
-            let mut h = gso_hdr(kind, gso, l4, tcp);
-            if kind == GsoKind::None {
-                h.gso = GsoType::NONE;
-            }
-            seeds.push(encode(&h, false, None, &[3, 30, 61], &f));
-            seeds.push(encode(&h, true, Some(1500), &[], &f));
-        }
-        for (i, s) in seeds.iter().enumerate() {
-            std::fs::write(dir.join(format!("seed-{i:02}")), s).unwrap();
-        }
-    }
+    seeds
 }
+
+fuzz_target_tests!("segment", 10);
