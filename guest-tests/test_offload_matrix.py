@@ -251,21 +251,85 @@ def test_ethtool_rx_gro_hw_off(mx):
 # ---- ECN ------------------------------------------------------------------------
 
 
+class _Capture:
+    """Every frame on `iface` (an AF_PACKET socket of its own, read by a thread) until
+    stop(), which returns them parsed by scapy."""
+
+    def __init__(self, iface: str):
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+        self.sock.bind((iface, 0))
+        self.sock.settimeout(0.2)
+        self.frames: list[bytes] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.done.is_set():
+            try:
+                self.frames.append(self.sock.recv(1 << 17))
+            except socket.timeout:
+                pass
+
+    def stop(self) -> list:
+        import scapy.layers.inet  # noqa: F401 (binds IP and TCP under Ether)
+        from scapy.layers.l2 import Ether
+        self.done.set()
+        self.thread.join()
+        self.sock.close()
+        return [Ether(f) for f in self.frames]
+
+
+def _ecn_seen(pkts, guest_ip: str) -> dict:
+    """What the frames on the tap say about ECN (scapy's parse, RFC 3168): the
+    guest's SYNs asking for it (ECE and CWR), the host's SYN-ACKs granting it (ECE),
+    and the guest's data segments marked ECN-capable (ECT(0) or ECT(1))."""
+    from scapy.layers.inet import IP, TCP
+    seen = {"syn_ecn": 0, "synack_ece": 0, "data_ect": 0, "data": 0}
+    for p in pkts:
+        if IP not in p or TCP not in p:
+            continue
+        f, ip = p[TCP].flags, p[IP]
+        if f.S and not f.A and f.E and f.C and ip.src == guest_ip:
+            seen["syn_ecn"] += 1
+        elif f.S and f.A and f.E and ip.dst == guest_ip:
+            seen["synack_ece"] += 1
+        elif ip.src == guest_ip and len(p[TCP].payload) > 0:
+            seen["data"] += 1
+            seen["data_ect"] += ip.tos & 3 in (1, 2)
+    return seen
+
+
 @pytest.mark.slow
 def test_ecn_enabled_in_guests(mx):
     """net.ipv4.tcp_ecn=1 in both guests (they open every connection here):
-    transfers stay intact each way and guest to guest."""
+    transfers stay intact each way and guest to guest, and the frames on the tap show
+    ECN negotiated (the guest's SYN asks, the host's SYN-ACK grants) and used (the
+    guest's data is ECN-capable)."""
     b = mx.boot_b({})
     for g in (mx.a, b):
         g.run_ok("sysctl -w net.ipv4.tcp_ecn=1")
+    # The host answers an ECN SYN with ECE at tcp_ecn 1 or 2 (Linux's default).
+    host_ecn = int(open("/proc/sys/net/ipv4/tcp_ecn").read())
+    assert host_ecn in (1, 2), f"the host's net.ipv4.tcp_ecn is {host_ecn}"
+    sniff = _Capture(mx.tap)
     try:
         xfer(mx, "g2h", mx.a, mx.host_ip)
         xfer(mx, "h2g", mx.a, mx.host_ip)
+        pkts = sniff.stop()
+        sniff = None
         xfer(mx, "g2g", mx.a, mx.b_ip, dst=b)
         xfer(mx, "g2g", b, mx.a_ip, dst=mx.a)
     finally:
+        if sniff is not None:
+            sniff.stop()
         for g in (mx.a, b):
             g.run("sysctl -w net.ipv4.tcp_ecn=2")
+    seen = _ecn_seen(pkts, mx.a_ip)
+    assert seen["syn_ecn"] >= 2 and seen["synack_ece"] >= 2, seen
+    # Retransmissions go without ECT (RFC 3168 6.1.5): nearly all, not all.
+    assert seen["data"] > 0 and seen["data_ect"] >= 0.9 * seen["data"], seen
 
 
 # ---- UDP_SEGMENT ------------------------------------------------------------------
@@ -415,23 +479,26 @@ def test_device_property(mx, props, g2g):
 
 @pytest.mark.slow
 def test_uso_properties_and_udp_segment(mx, record_measurement):
-    """host_uso/guest_uso4/guest_uso6 on. gsonet offers USO; whether the guest may
-    ack it is QEMU's call. 64 KiB UDP_SEGMENT sends from the guest, and from the
-    host to the guest, must arrive as intact 1400-byte datagrams either way."""
+    """host_uso/guest_uso4/guest_uso6 on. gsonet offers USO; QEMU 10 masks it on
+    vhost-user, so the guest acks none. 64 KiB UDP_SEGMENT sends from the guest, and
+    from the host to the guest, must arrive as intact 1400-byte datagrams."""
     b = mx.boot_b({"host_uso": True, "guest_uso4": True, "guest_uso6": True})
     p = mx.gs.port_stats(1)
     acked = p["guest_tx"]["uso4"] or p["guest_rx"]["uso4"]
     record_measurement("qemu_vhost_user_negotiates_uso", bool(acked))
+    # QEMU 10 masks USO on vhost-user netdevs whatever the properties say
+    # (docs/offloads.md, "QEMU 10 and USO on vhost-user"): the guest acks none of
+    # it. A QEMU that lets it through fails here, and the docs and this test must
+    # then say what it does.
+    assert not p["guest_tx"]["uso4"] and not p["guest_tx"]["uso6"], p
+    assert not p["guest_rx"]["uso4"] and not p["guest_rx"]["uso6"], p
     feats = b.ethtool_features()
-    assert (feats.get("tx-udp-segmentation") == "on") == p["guest_tx"]["uso4"], (feats, p)
+    assert feats.get("tx-udp-segmentation") == "off", feats
     before = mx.gs.stats()
     _udp_checks(mx, b, mx.b_ip, mx.b_ip6)
     d = _delta(before, mx.gs.stats())
-    if p["guest_tx"]["uso4"]:
-        assert d.up["gso_passed"] > 0, d.up
-    else:
-        # The guest kernel segmented: nothing larger than one datagram crossed.
-        assert _large(d.up) == 0, d.up
+    # The guest kernel segmented: nothing larger than one datagram crossed.
+    assert _large(d.up) == 0, d.up
     assert not _bad_drops(d), _bad_drops(d)
 
 
