@@ -255,8 +255,8 @@ pub enum UplinkKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UplinkConfig {
     pub kind: UplinkKind,
-    /// Queues (tap queues or packet sockets); unset: as many as the port with the
-    /// most queue pairs, so each pair has its own.
+    /// Queues (tap queues or packet sockets); unset: as many as the port (or Xen
+    /// vif) with the most queue pairs, so each pair has its own.
     pub queues: Option<u16>,
     pub gso: GsoMode,
     pub max_burst: Option<usize>,

@@ -998,7 +998,15 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         .map(|(i, p)| Port::new(i, p.clone()).map(Arc::new))
         .collect::<io::Result<_>>()
         .map_err(DaemonError::Timer)?;
-    let most_pairs = cfg.ports.iter().map(|p| p.queues).max().unwrap_or(1);
+    // A Xen vif's queues count as a port's pairs: its worker K writes and reads tap
+    // queue K, and the host's answers to a flow come back on the queue it was written on.
+    let most_pairs = cfg
+        .ports
+        .iter()
+        .map(|p| p.queues)
+        .chain(cfg.xen_vifs.iter().map(|x| x.queues as u16))
+        .max()
+        .unwrap_or(1);
     if !cfg.xen_vifs.is_empty() {
         // Before the uplinks' read arenas are made: Xen copies from them.
         super::xen::buffers::want_granted();
