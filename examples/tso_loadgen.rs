@@ -32,7 +32,6 @@
 //! (`bad`). `--bidir` also sends B->A and sums both directions.
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU16, Ordering};
@@ -173,23 +172,7 @@ struct Memory {
 
 impl Memory {
     fn new(size: u64, seal: bool) -> Result<Self> {
-        // SAFETY: a plain syscall with a valid C string.
-        let fd = unsafe {
-            libc::memfd_create(
-                c"tso-loadgen-guest".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
-        };
-        ensure!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-        // SAFETY: a fresh descriptor we own.
-        let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(size)?;
-        if seal {
-            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-            // SAFETY: F_ADD_SEALS takes an int.
-            let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
-            ensure!(r == 0, "F_ADD_SEALS: {}", std::io::Error::last_os_error());
-        }
+        let file = gsonet::sys::fd::guest_memfd(size, seal)?;
         let fo = FileOffset::new(file.try_clone()?, 0);
         let mmap = GuestMemoryMmap::<()>::from_ranges_with_files([(
             GuestAddress(0),

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import measure  # puts guest-tests/ (the harness) on sys.path
 from harness.backends import BACKENDS, TOPOLOGIES, label
+from harness.knobs import env_number
 
 
 def ensure_matplotlib() -> bool:
@@ -60,13 +60,6 @@ def chart(rows: list[dict], args, path: Path) -> str | None:
     return None
 
 
-def env_number(names: tuple[str, ...], default: float) -> float:
-    for n in names:
-        try:
-            return float(os.environ[n])
-        except (KeyError, ValueError):
-            pass
-    return default
 
 
 def main() -> int:

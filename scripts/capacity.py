@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "guest-tests"))
 
 from harness import capacity as cap  # noqa: E402
+from harness.knobs import env_number  # noqa: E402
 from harness.paths import GSONET_BIN, TESTPMD  # noqa: E402
 
 IDLE_TARGET_PERCENT = 1.0
@@ -58,11 +59,6 @@ def log(msg: str) -> None:
     print(f"[capacity] {msg}", file=sys.stderr, flush=True)
 
 
-def env_number(name: str, default: float) -> float:
-    try:
-        return float(os.environ[name])
-    except (KeyError, ValueError):
-        return default
 
 
 def parse_gsonet(specs: list[str]) -> list[tuple[str, str, str]]:

@@ -25,6 +25,7 @@ from harness import hostnet, paths  # noqa: E402
 from harness.gsonet import Gsonet  # noqa: E402
 from harness.guest import Guest  # noqa: E402
 from harness.iperf import iperf3_guest_client, iperf3_guest_server  # noqa: E402
+from harness.knobs import env_number  # noqa: E402
 from harness.process import HarnessError, stop  # noqa: E402
 from harness.qemu import vhost_user_netdev  # noqa: E402
 
@@ -39,11 +40,6 @@ def log(msg: str) -> None:
     print(f"[noisy] {msg}", file=sys.stderr, flush=True)
 
 
-def env_number(name: str, default: float) -> float:
-    try:
-        return float(os.environ[name])
-    except (KeyError, ValueError):
-        return default
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

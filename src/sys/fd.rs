@@ -83,24 +83,29 @@ pub fn seals(fd: BorrowedFd<'_>) -> io::Result<Seals> {
     }
 }
 
-/// A memfd of `size` bytes, sealed against shrinking when `seal`: guest memory for
-/// unit tests.
-#[cfg(test)]
-pub fn test_memfd(size: u64, seal: bool) -> std::os::fd::OwnedFd {
+/// A memfd of `size` bytes to stand for a guest's memory (unit tests, the test
+/// frontend, the load generator), sealed against shrinking and growing when `seal`,
+/// as QEMU's memory-backend-memfd does (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL).
+#[cfg(any(test, feature = "testkit"))]
+pub fn guest_memfd(size: u64, seal: bool) -> io::Result<std::fs::File> {
     use std::os::fd::FromRawFd;
     let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: plain syscall with a valid C string.
-    let fd = unsafe { libc::memfd_create(c"gsonet-test".as_ptr(), flags) };
-    assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+    let fd = unsafe { libc::memfd_create(c"gsonet-guest".as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
     // SAFETY: a fresh descriptor we own.
     let f = unsafe { std::fs::File::from_raw_fd(fd) };
-    f.set_len(size).unwrap();
+    f.set_len(size)?;
     if seal {
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
         // SAFETY: F_ADD_SEALS with an int argument on a descriptor we own.
-        let r = unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
-        assert_eq!(r, 0, "F_ADD_SEALS: {}", io::Error::last_os_error());
+        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
     }
-    f.into()
+    Ok(f)
 }
 
 /// A blocking eventfd, for unit tests.

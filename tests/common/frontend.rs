@@ -40,7 +40,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
@@ -372,27 +372,9 @@ pub fn temp_socket_path(tag: &str) -> PathBuf {
     ))
 }
 
-/// A memfd of `size` bytes, sealed against shrinking and growing (F_SEAL_SHRINK,
-/// F_SEAL_GROW, F_SEAL_SEAL: what QEMU's memory-backend-memfd does) when `seal`.
+/// A memfd of `size` bytes, sealed against shrinking and growing when `seal`.
 pub fn memfd(size: u64, seal: bool) -> Result<File> {
-    // SAFETY: plain syscall with a valid C string.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"gsonet-test-guest".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    ensure!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-    // SAFETY: fd is a fresh descriptor we own.
-    let file = unsafe { File::from_raw_fd(fd) };
-    file.set_len(size)?;
-    if seal {
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        // SAFETY: F_ADD_SEALS on a descriptor we own takes an int and no pointers.
-        let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
-        ensure!(r == 0, "F_ADD_SEALS: {}", std::io::Error::last_os_error());
-    }
-    Ok(file)
+    Ok(gsonet::sys::fd::guest_memfd(size, seal)?)
 }
 
 // ---------------------------------------------------------------------------------------

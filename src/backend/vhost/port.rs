@@ -557,17 +557,13 @@ impl Port {
             let _ = vring.signal_used_queue();
         }
     }
-
-    /// Charges the software segmentation one of this guest's frames costs (its
-    /// segment count); false when the guest has used up its budget.
-    pub fn charge_segments(&self, segments: usize) -> bool {
-        segments <= 1 || self.segment_budget.take(segments as u64)
-    }
 }
 
 impl SegmentCharge for Port {
+    /// Charges the software segmentation one of this guest's frames costs (its
+    /// segment count); false, counted, when the guest has used up its budget.
     fn charge_segments(&self, segments: usize) -> bool {
-        let ok = Port::charge_segments(self, segments);
+        let ok = segments <= 1 || self.segment_budget.take(segments as u64);
         if !ok {
             self.stats.drop(DropReason::SegmentBudget);
         }

@@ -430,7 +430,7 @@ mod tests {
     }
 
     fn memfd(size: u64, seal: bool) -> OwnedFd {
-        fd::test_memfd(size, seal)
+        fd::guest_memfd(size, seal).expect("memfd").into()
     }
 
     /// Whether the relay closed the frontend's end (EOF) within the read timeout.

@@ -35,8 +35,9 @@ const TX_ARENA: usize = 4 * (tx::MAX_FRAME + HDR_LEN);
 pub struct TxWorker {
     batch: TxBatch,
     ctx: DeliverCtx,
-    /// A destination's `rx_rate=` held this queue lately: take one chain at a time,
-    /// so a hold stops the queue at the frame that went over, not a batch later.
+    /// The queue was held lately (its own `rate=`, or a destination's `rx_rate=`):
+    /// take one chain at a time, so a hold stops the queue at the frame that went
+    /// over, not a batch later. Cleared by a whole batch without a hold.
     paced: bool,
     pub timer: Option<OneShotTimer>,
     pub completion: TxCompletion,
