@@ -205,6 +205,17 @@ impl VhostUserBackend for PortBackend {
         out
     }
 
+    /// GET_VRING_BASE, the ring already marked not ready: no frame is written into
+    /// it from here on, so the used entries written since the relay's `publish_rx`
+    /// (a sender's batch that got in between) are published now, before the reply
+    /// after which the frontend reads the used index as final.
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        if queue_index % 2 == 0 {
+            self.port.publish_rx_queue(queue_index as usize / 2);
+        }
+        Ok(())
+    }
+
     fn update_memory(&self, mem: Mem) -> io::Result<()> {
         self.port.set_mem(mem);
         Ok(())

@@ -462,7 +462,7 @@ impl Port {
     }
 
     /// Publishes what was written into RX queue `pair`.
-    fn publish_rx_queue(&self, pair: usize) {
+    pub fn publish_rx_queue(&self, pair: usize) {
         let mem = self.mem.load();
         if let Some(slot) = self.rx.get(pair) {
             slot.lock()
