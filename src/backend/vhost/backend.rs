@@ -210,7 +210,7 @@ impl VhostUserBackend for PortBackend {
     /// (a sender's batch that got in between) are published now, before the reply
     /// after which the frontend reads the used index as final.
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        if queue_index % 2 == 0 {
+        if queue_index.is_multiple_of(2) {
             self.port.publish_rx_queue(queue_index as usize / 2);
         }
         Ok(())
