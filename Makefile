@@ -51,15 +51,16 @@ guest-tests: build
 	$(SUDO) $(PYTEST) -q guest-tests -m "not full"
 
 # test-full also runs the representative guest tests (negotiation, ethtool toggles,
-# iperf3 both ways, md5 transfers) on the second guest kernel, Debian 12's 6.1.
-# On 6.1 the guest's shell dies during test_uso_properties_and_udp_segment's
-# host->guest UDP_SEGMENT run (twice out of two): left out until understood.
+# iperf3 both ways, md5 transfers) on the second guest kernel, Debian 12's 6.1, all of
+# them: test_uso_properties_and_udp_segment, left out here once (the 6.1 guest's shell
+# died in its host->guest UDP_SEGMENT run, twice out of two), passed on 6.1 alone, in
+# its module (22 of 22) and after test_gsonet.py as below (36 of 36) on 2026-11-27; the
+# earlier deaths' cause was not found, so a failure here is a finding, not noise.
 GUEST_TESTS_6_1 ?= guest-tests/test_gsonet.py guest-tests/test_offload_matrix.py
-GUEST_TESTS_6_1_SKIP ?= not test_uso_properties_and_udp_segment
 
 test-full: setup build unit
 	$(SUDO) $(PYTEST) -q guest-tests
-	$(SUDO) env GSONET_GUEST_KERNEL=6.1 $(PYTEST) -q $(GUEST_TESTS_6_1) -k "$(GUEST_TESTS_6_1_SKIP)"
+	$(SUDO) env GSONET_GUEST_KERNEL=6.1 $(PYTEST) -q $(GUEST_TESTS_6_1)
 
 # Micro-benchmark of the segmentation engine, then the side-by-side iperf3 run
 # (gsonet vs QEMU virtio-net + tap vs DPDK testpmd; SECONDS=3 REPEATS=1 for a smoke
