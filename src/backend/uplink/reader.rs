@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
 
 use super::device::DeviceUplink;
-use super::queue::{BatchedReads, Home, QueueReader, ReadRing, FRAME_ROOM};
+use super::queue::{BatchedReads, Home, QueueReader, QueueSlot, ReadRing, FRAME_ROOM};
 use super::UplinkDevice;
 use crate::backend::switch::backpressure::{forward_holding, Held, RoomWaiter, HOLD_PAUSE};
 use crate::backend::switch::deliver::DeliverCtx;
@@ -355,13 +355,21 @@ fn home<D: UplinkDevice>(up: &DeviceUplink<D>) -> Option<(Arc<Switch>, usize)> {
 
 /// A sender reading the uplink's queues (`SwitchUplink::reap` and the owning calls).
 impl<D: UplinkDevice> DeviceUplink<D> {
+    /// The reader slot of the device queue a sender's `queue` writes to (`send`
+    /// maps a sender's queue onto the device's queues the same way).
+    fn slot_of(&self, queue: usize) -> Option<(usize, &QueueSlot)> {
+        let n = self.queues.len();
+        let q = queue.checked_rem(n)?;
+        Some((q, &self.queues[q]))
+    }
+
     /// A sender that wrote to `queue` ends its batch: what the host answered meanwhile
     /// (TCP ACKs, and for a sender of ACKs the data they released: the kernel sends both
     /// while it takes in the frames written) is read and forwarded on the sender's
     /// thread, so no reader is woken for it. Skipped when someone else is reading the
     /// queue or frames are held back for a full guest queue.
     pub(super) fn reap_queue(&self, queue: usize) {
-        let (Some((switch, id)), Some(slot)) = (home(self), self.queues.get(queue)) else {
+        let (Some((switch, id)), Some((queue, slot))) = (home(self), self.slot_of(queue)) else {
             return;
         };
         let Ok(mut st) = slot.reader.try_lock() else {
@@ -380,7 +388,7 @@ impl<D: UplinkDevice> DeviceUplink<D> {
     /// the tap queue it writes to: it waits on the queue with its event channel, so the
     /// host's answers to its guest cost no other thread's wake-up.
     pub(super) fn own_queue(&self, queue: usize) -> bool {
-        let Some(slot) = self.queues.get(queue) else {
+        let Some((_, slot)) = self.slot_of(queue) else {
             return false;
         };
         if slot.wake.is_none() || home(self).is_none() {
@@ -401,7 +409,7 @@ impl<D: UplinkDevice> DeviceUplink<D> {
     /// owner must let go (the uplink left the switch, the reader took the queue back,
     /// a read failed, or frames are held back: the reader thread deals with those).
     pub(super) fn serve_queue(&self, queue: usize) -> bool {
-        let (Some((switch, id)), Some(slot)) = (home(self), self.queues.get(queue)) else {
+        let (Some((switch, id)), Some((queue, slot))) = (home(self), self.slot_of(queue)) else {
             return false;
         };
         if !slot.owned.load(Ordering::Acquire) {
@@ -415,7 +423,7 @@ impl<D: UplinkDevice> DeviceUplink<D> {
 
     /// The owner lets go of `queue`: its reader thread reads it again.
     pub(super) fn disown_queue(&self, queue: usize) {
-        let Some(slot) = self.queues.get(queue) else {
+        let Some((_, slot)) = self.slot_of(queue) else {
             return;
         };
         if slot.owned.swap(false, Ordering::AcqRel) {
@@ -558,7 +566,8 @@ mod tests {
             inject(&host, sent..sent + 50);
             sent += 50;
             assert!(poll_readable(fd, Duration::from_secs(2)).unwrap());
-            if up.serve(0) {
+            // A sender's queue 1 is this one-queue tap's queue 0, as `send` maps it.
+            if up.serve(1) {
                 served = true;
                 break;
             }
