@@ -565,12 +565,13 @@ mod tests {
         for _ in 0..3 {
             inject(&host, sent..sent + 50);
             sent += 50;
-            assert!(poll_readable(fd, Duration::from_secs(2)).unwrap());
             // A sender's queue 1 is this one-queue tap's queue 0, as `send` maps it.
-            if up.serve(1) {
+            if poll_readable(fd, Duration::from_secs(2)).unwrap() && up.serve(1) {
                 served = true;
                 break;
             }
+            // Nothing readable, or not ours: the reader's look came first, read the
+            // frames and took the queue back (on a busy machine it may).
             own_soon(&up);
         }
         assert!(served, "the owner never served its queue");
