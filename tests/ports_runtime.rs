@@ -396,8 +396,11 @@ fn reload_applies_the_difference_and_a_bad_file_changes_nothing() {
 #[test]
 fn uplinks_come_and_go() {
     require_tun!();
-    let d = Daemon::start(&DaemonSpec::ports(1)).expect("start gsonet");
     let tap = common::daemon::unique_tap_name();
+    // The tap added again at the end is persistent: it outlives the daemon (dropped
+    // after it).
+    let _cleanup = common::daemon::Link(tap.clone());
+    let d = Daemon::start(&DaemonSpec::ports(1)).expect("start gsonet");
     let sys = PathBuf::from(format!("/sys/class/net/{tap}"));
     let r = ctl(&d, &["uplink", "add", &format!("tap={tap},gso=software")]).expect("add");
     assert_eq!(r["ok"]["id"], 0, "{r}");

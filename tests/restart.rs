@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::daemon::{bin, systemd_verify, tun_available, unique_tag, unique_tap_name};
+use common::daemon::{bin, systemd_verify, tun_available, unique_tag, unique_tap_name, Link};
 use gsonet::testkit::can_run;
 
 const T: Duration = Duration::from_secs(15);
@@ -156,18 +156,6 @@ fn expected_mac(name: &str) -> String {
 }
 
 const IFF_PERSIST: u32 = 0x0800;
-
-/// Deletes a link when the test ends, however it ends.
-struct Link(String);
-
-impl Drop for Link {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.0])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
 
 #[test]
 fn a_tap_outlives_gsonet_and_the_next_one_reattaches() {

@@ -43,6 +43,18 @@ pub fn unique_tap_name() -> String {
     format!("gse{}x{}", std::process::id() % 1_000_000, n % 1000)
 }
 
+/// Deletes a link (a tap the test or gsonet made) when the test ends, however it ends.
+pub struct Link(pub String);
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.0])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
