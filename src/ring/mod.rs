@@ -3,6 +3,7 @@
 
 pub mod guest_mem;
 pub mod host;
+pub mod packed;
 pub mod rx;
 pub mod split;
 pub mod tx;

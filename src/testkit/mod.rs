@@ -35,12 +35,14 @@ macro_rules! fuzz_target_tests {
 pub mod frames;
 pub mod fuzz;
 pub mod fuzz_netif;
+pub mod fuzz_packed;
 pub mod fuzz_relay;
 pub mod fuzz_ring;
 pub mod fuzz_switch;
 pub mod fuzz_vlan;
 pub mod gro;
 pub mod oracle;
+pub mod packed_driver;
 pub mod recorder;
 
 /// Whether a test that needs `what` (root, a tap, io_uring, a tool) may run: true when
