@@ -7,5 +7,6 @@ pub mod packed;
 pub mod rx;
 pub mod split;
 pub mod tx;
+pub mod vq;
 
 pub use guest_mem::GuestMem;

@@ -200,6 +200,13 @@ pub struct UsedMark {
     unpublished: usize,
 }
 
+impl UsedMark {
+    /// The used position it marks.
+    pub fn pos(self) -> Pos {
+        self.pos
+    }
+}
+
 /// A packed ring's addresses and positions, taken from the vring for one batch.
 #[derive(Clone, Debug)]
 pub struct PackedRing {

@@ -1,0 +1,412 @@
+//! One virtqueue of either layout, split or packed, as a batch works it: take a
+//! buffer (its head, then its descriptors), give buffers back, record used entries,
+//! publish them, decide the call. `ring::tx` and `ring::rx` are to take a `Vq` where
+//! they take a `SplitRing` today; the split arm only forwards to `SplitRing`, so the
+//! split datapath stays what it is.
+//!
+//! Not wired yet: nothing constructs a `Vq` outside its tests (docs/architecture.md,
+//! "Packed rings").
+//!
+//! The two layouts differ in where a buffer's descriptors are: behind a split
+//! ring's head index in the descriptor table, in the packed ring's own slots from
+//! the head on. A split head is taken alone and walked later (the TX batch asks
+//! for every head's descriptor line before it walks any); a packed buffer is walked
+//! when taken, since its length says where the next one starts, and its
+//! descriptors are kept here until `walk` hands them out.
+
+use std::num::Wrapping;
+
+use virtio_queue::QueueT;
+
+use super::host::HostMem;
+use super::packed::{PackedRing, Pos, UsedMark};
+use super::split::{head_is_indirect, walk_chain, Desc, SplitRing, WalkEnd};
+
+/// A buffer taken off a `Vq`: what gives it back, walks it and completes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Head {
+    /// The avail position it was taken at (split: the avail index; packed: the
+    /// vring base of its first slot).
+    at: u16,
+    /// Split: the head's descriptor index. Packed: the buffer id.
+    pub id: u16,
+    /// Ring slots it took (split: 1).
+    slots: u16,
+    /// Packed: its descriptors in the `Vq`'s store (start, count) and how its walk
+    /// ended, and whether its head is indirect.
+    walked: Option<(u32, u32, WalkEnd, bool)>,
+}
+
+/// Where the used side stood (for `Vq::rewind_used` and `Vq::wants_call`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UsedPos {
+    Split(Wrapping<u16>),
+    Packed(UsedMark),
+}
+
+/// A virtqueue's addresses and positions for one batch, either layout.
+#[derive(Debug)]
+pub enum Vq {
+    Split {
+        ring: SplitRing,
+        /// Heads the guest made available and this batch has not taken, read once.
+        pending: Option<u16>,
+    },
+    Packed {
+        ring: PackedRing,
+        /// The descriptors of the buffers taken since `clear`, for `walk`.
+        store: Vec<Desc>,
+    },
+}
+
+impl Vq {
+    /// The queue's ring for this batch: packed when the frontend acked
+    /// VIRTIO_F_RING_PACKED.
+    pub fn of<Q: QueueT>(q: &Q, packed: bool) -> Vq {
+        if packed {
+            Vq::Packed {
+                ring: PackedRing::of(q),
+                store: Vec::new(),
+            }
+        } else {
+            Vq::Split {
+                ring: SplitRing::of(q),
+                pending: None,
+            }
+        }
+    }
+
+    /// Puts the positions back into the vring's queue.
+    pub fn store<Q: QueueT>(&self, q: &mut Q) {
+        match self {
+            Vq::Split { ring, .. } => ring.store(q),
+            Vq::Packed { ring, .. } => ring.store(q),
+        }
+    }
+
+    /// Entries in the ring.
+    pub fn size(&self) -> u16 {
+        match self {
+            Vq::Split { ring, .. } => ring.size,
+            Vq::Packed { ring, .. } => ring.size,
+        }
+    }
+
+    /// Whether a buffer is available; `None` for a broken ring (a split avail index
+    /// more than a queue ahead, a packed position outside the ring, unmapped).
+    pub fn has_avail(&mut self, hm: &HostMem<'_>) -> Option<bool> {
+        match self {
+            Vq::Split { ring, pending } => {
+                let n = match *pending {
+                    Some(n) => n,
+                    None => {
+                        let n = ring.pending(hm)?;
+                        *pending = Some(n);
+                        n
+                    }
+                };
+                Some(n > 0)
+            }
+            Vq::Packed { ring, .. } => ring.has_avail(hm),
+        }
+    }
+
+    /// Takes the next available buffer, walking at most `max` of its descriptors if
+    /// the layout walks it now (packed). `None` if none is available.
+    pub fn take(&mut self, hm: &HostMem<'_>, max: usize) -> Option<Head> {
+        if !self.has_avail(hm)? {
+            return None;
+        }
+        match self {
+            Vq::Split { ring, pending } => {
+                let at = ring.next_avail.0;
+                let id = ring.pop(hm)?;
+                *pending = pending.map(|n| n - 1);
+                ring.prefetch_desc(hm, id);
+                Some(Head {
+                    at,
+                    id,
+                    slots: 1,
+                    walked: None,
+                })
+            }
+            Vq::Packed { ring, store } => {
+                let start = store.len();
+                let p = ring.pop(hm, max, store)?;
+                Some(Head {
+                    at: p.at.to_base(),
+                    id: p.id,
+                    slots: p.slots,
+                    walked: Some((
+                        start as u32,
+                        (store.len() - start) as u32,
+                        p.end,
+                        p.indirect,
+                    )),
+                })
+            }
+        }
+    }
+
+    /// Appends `head`'s descriptors (at most `max`) to `out`; returns how its walk
+    /// ended and whether its head descriptor points at an indirect table.
+    pub fn walk(
+        &self,
+        hm: &HostMem<'_>,
+        head: &Head,
+        max: usize,
+        out: &mut Vec<Desc>,
+    ) -> (WalkEnd, bool) {
+        match (self, head.walked) {
+            (Vq::Split { ring, .. }, _) => {
+                let end = walk_chain(hm, ring.desc, ring.size, head.id, max, out);
+                (end, head_is_indirect(hm, ring.desc, ring.size, head.id))
+            }
+            (Vq::Packed { store, .. }, Some((start, n, end, indirect))) => {
+                let (start, n) = (start as usize, n as usize);
+                let Some(descs) = store.get(start..start + n) else {
+                    return (WalkEnd::Broken, indirect);
+                };
+                if n > max {
+                    out.extend_from_slice(&descs[..max]);
+                    return (WalkEnd::TooMany, indirect);
+                }
+                out.extend_from_slice(descs);
+                (end, indirect)
+            }
+            // A head taken off a split ring, walked as packed: nothing to walk.
+            (Vq::Packed { .. }, None) => (WalkEnd::Broken, false),
+        }
+    }
+
+    /// Gives back `head` and every buffer taken after it: the next `take` takes
+    /// them again. Their used entries must not have been recorded.
+    pub fn rewind(&mut self, head: &Head) {
+        match self {
+            Vq::Split { ring, pending } => {
+                let back = (ring.next_avail - Wrapping(head.at)).0;
+                ring.unpop(back);
+                *pending = pending.map(|n| n + back);
+            }
+            Vq::Packed { ring, store } => {
+                if let Some((start, ..)) = head.walked {
+                    store.truncate(start as usize);
+                }
+                let to = Pos::from_base(head.at, ring.size).unwrap_or(ring.next_avail);
+                ring.rewind(to);
+            }
+        }
+    }
+
+    /// Forgets the descriptors kept for `walk` (at the start of a batch).
+    pub fn clear(&mut self) {
+        if let Vq::Packed { store, .. } = self {
+            store.clear();
+        }
+    }
+
+    /// Records `head`'s used entry with `len` bytes written. `false` if it cannot
+    /// go back (a split head outside the table, an unmapped used entry).
+    pub fn put_used(&mut self, hm: &HostMem<'_>, head: &Head, len: u32) -> bool {
+        match self {
+            Vq::Split { ring, .. } => ring.put_used(hm, head.id, len),
+            Vq::Packed { ring, .. } => ring.put_used(hm, head.id, head.slots, len),
+        }
+    }
+
+    /// Makes the used entries recorded so far visible to the driver.
+    pub fn publish_used(&mut self, hm: &HostMem<'_>) -> bool {
+        match self {
+            Vq::Split { ring, .. } => ring.publish_used(hm),
+            Vq::Packed { ring, .. } => ring.publish_used(hm),
+        }
+    }
+
+    /// Where the used side stands now.
+    pub fn used_pos(&self) -> UsedPos {
+        match self {
+            Vq::Split { ring, .. } => UsedPos::Split(ring.next_used),
+            Vq::Packed { ring, .. } => UsedPos::Packed(ring.used_mark()),
+        }
+    }
+
+    /// Forgets the used entries recorded since `p` (before they are published).
+    pub fn rewind_used(&mut self, p: UsedPos) {
+        match (self, p) {
+            (Vq::Split { ring, .. }, UsedPos::Split(at)) => ring.next_used = at,
+            (Vq::Packed { ring, .. }, UsedPos::Packed(m)) => ring.rewind_used(m),
+            _ => {}
+        }
+    }
+
+    /// Whether the driver wants a call for what was published since `since`.
+    pub fn wants_call(&self, hm: &HostMem<'_>, since: UsedPos) -> bool {
+        match (self, since) {
+            (Vq::Split { ring, .. }, UsedPos::Split(at)) => ring.wants_call(hm, at),
+            (Vq::Packed { ring, .. }, UsedPos::Packed(m)) => ring.wants_call(hm, m.pos()),
+            // Positions of the other layout: a reset in between; call.
+            _ => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::tx::{chain_bytes, copy_chain, tx_buffer};
+    use crate::ring::GuestMem;
+    use crate::testkit::packed_driver::Driver;
+    use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
+    use virtio_bindings::virtio_ring::VRING_DESC_F_NEXT;
+    use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use virtio_queue::Queue;
+    use vm_memory::{Bytes, GuestAddress};
+
+    fn mem() -> GuestMem {
+        GuestMem::from_ranges(&[(GuestAddress(0), 0x40000)]).unwrap()
+    }
+
+    /// Frame `i` as the guest wrote it: a header, then 60 + i bytes of `i`.
+    fn frame(i: u8) -> Vec<u8> {
+        let mut f = VirtioNetHdr::default().to_bytes().to_vec();
+        f.extend(std::iter::repeat_n(i, 60 + usize::from(i)));
+        f
+    }
+
+    /// What a TX batch does through the `Vq` interface: take up to `budget`
+    /// buffers, walk them, give back the last one taken, copy the rest out,
+    /// record their used entries and publish. Returns the frames' bytes.
+    fn drain(vq: &mut Vq, hm: &HostMem<'_>, budget: usize) -> Vec<Vec<u8>> {
+        vq.clear();
+        let mut heads = Vec::new();
+        while heads.len() < budget {
+            let Some(h) = vq.take(hm, 16) else { break };
+            heads.push(h);
+        }
+        // The last one does not fit this batch.
+        if heads.len() == budget {
+            let last = heads.pop().unwrap();
+            vq.rewind(&last);
+        }
+        let mut out = Vec::new();
+        for h in &heads {
+            let mut descs = Vec::new();
+            let (end, _) = vq.walk(hm, h, 16, &mut descs);
+            let total = chain_bytes(&descs, end, 16).unwrap();
+            let mut buf = tx_buffer();
+            let f = copy_chain(hm, &descs, total, HDR_LEN, &mut buf).unwrap();
+            out.push(buf[..f.start + f.len].to_vec());
+            assert!(vq.put_used(hm, h, 0));
+        }
+        assert!(vq.publish_used(hm));
+        out
+    }
+
+    #[test]
+    fn a_tx_drain_reads_the_same_frames_from_either_layout() {
+        let m = mem();
+        let hm = HostMem::new(&m);
+        let frames: Vec<Vec<u8>> = (0..6).map(frame).collect();
+        // Each frame in two descriptors: its header, then its bytes.
+        let place = |i: usize| (0x10000 + 0x1000 * i as u64, 0x18000 + 0x1000 * i as u64);
+        for (i, f) in frames.iter().enumerate() {
+            let (h, b) = place(i);
+            m.write_slice(&f[..HDR_LEN], GuestAddress(h)).unwrap();
+            m.write_slice(&f[HDR_LEN..], GuestAddress(b)).unwrap();
+        }
+
+        // Split.
+        let mock = MockSplitQueue::new(&m, 16);
+        let mut descs = Vec::new();
+        for (i, f) in frames.iter().enumerate() {
+            let (h, b) = place(i);
+            let n = 2 * i as u16;
+            descs.push(RawDescriptor::from(Descriptor::new(
+                h,
+                HDR_LEN as u32,
+                VRING_DESC_F_NEXT as u16,
+                n + 1,
+            )));
+            descs.push(RawDescriptor::from(Descriptor::new(
+                b,
+                (f.len() - HDR_LEN) as u32,
+                0,
+                0,
+            )));
+        }
+        mock.build_multiple_desc_chains(&descs).unwrap();
+        let mut q: Queue = mock.create_queue().unwrap();
+        let mut split_got = Vec::new();
+        for _ in 0..3 {
+            let mut vq = Vq::of(&q, false);
+            split_got.extend(drain(&mut vq, &hm, 3));
+            vq.store(&mut q);
+        }
+        assert_eq!(split_got, frames);
+        assert_eq!(mock.used().idx().load(), 6);
+
+        // Packed, in the same memory, a ring of 8 (the chains cross its end).
+        let mut d = Driver::new(&m, 0x8000, 8);
+        let mut packed_got = Vec::new();
+        let mut pos = Pos::START;
+        let mut next = 0;
+        while packed_got.len() < frames.len() {
+            while next < frames.len() && d.in_flight() < 3 {
+                let (h, b) = place(next);
+                let len = (frames[next].len() - HDR_LEN) as u32;
+                d.add(&m, &[(h, HDR_LEN as u32, false), (b, len, false)]);
+                next += 1;
+            }
+            let mut vq = Vq::Packed {
+                ring: PackedRing::new(d.ring, d.driver_area, d.device_area, 8, false),
+                store: Vec::new(),
+            };
+            if let Vq::Packed { ring, .. } = &mut vq {
+                ring.next_avail = pos;
+                ring.next_used = pos;
+            }
+            packed_got.extend(drain(&mut vq, &hm, 3));
+            if let Vq::Packed { ring, .. } = &vq {
+                assert_eq!(ring.next_used, ring.next_avail);
+                pos = ring.next_avail;
+            }
+            while d.get_used(&m).is_some() {}
+        }
+        assert_eq!(packed_got, frames);
+        // Six chains of two slots in a ring of eight: a lap and a half.
+        assert_eq!(
+            pos,
+            Pos {
+                idx: 4,
+                wrap: false
+            }
+        );
+    }
+
+    #[test]
+    fn positions_go_back_alike() {
+        let m = mem();
+        let hm = HostMem::new(&m);
+        let mock = MockSplitQueue::new(&m, 16);
+        let descs: Vec<RawDescriptor> = (0..4)
+            .map(|i| RawDescriptor::from(Descriptor::new(0x10000 + 0x100 * i, 64, 0, 0)))
+            .collect();
+        mock.build_multiple_desc_chains(&descs).unwrap();
+        let q: Queue = mock.create_queue().unwrap();
+        let mut vq = Vq::of(&q, false);
+        let a = vq.take(&hm, 16).unwrap();
+        let b = vq.take(&hm, 16).unwrap();
+        vq.rewind(&a);
+        assert_eq!(vq.take(&hm, 16), Some(a));
+        assert_eq!(vq.take(&hm, 16), Some(b));
+        let used = vq.used_pos();
+        assert!(vq.put_used(&hm, &a, 1));
+        vq.rewind_used(used);
+        assert_eq!(vq.used_pos(), used);
+        // Four available, four taken, then none.
+        assert!(vq.take(&hm, 16).is_some() && vq.take(&hm, 16).is_some());
+        assert_eq!(vq.take(&hm, 16), None);
+        assert!(!vq.wants_call(&hm, used));
+    }
+}
