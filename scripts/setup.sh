@@ -86,6 +86,7 @@ APT_PKGS=(
     gcc libc6-dev cpio xz-utils zstd kmod
     prometheus libvirt-clients libxml2-utils
     systemd iputils-ping
+    frr
 )
 missing=()
 need_qemu=0

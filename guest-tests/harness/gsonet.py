@@ -49,7 +49,8 @@ class Gsonet:
     (e.g. ``["--metrics", "127.0.0.1:9477"]``); transient_taps: give each tap uplink
     without a ``persist=`` option ``persist=off``, so a test leaves no tap behind;
     inherit: listening sockets handed over as a service manager does (LISTEN_FDS from
-    fd 3, LISTEN_PID the gsonet process), which the caller keeps across restarts.
+    fd 3, LISTEN_PID the gsonet process), which the caller keeps across restarts;
+    netns: run gsonet in that network namespace (`ip netns exec`), its taps there.
     ``start()`` waits for the control socket, the listening sockets (client-mode ports
     only connect once QEMU's server socket exists) and the taps. Output goes to
     ``log_path``.
@@ -59,12 +60,13 @@ class Gsonet:
                  workdir: str | os.PathLike, binary: str | None = None,
                  name: str = "gsonet", log_dir: Path | str | None = None,
                  extra: list[str] | None = None, transient_taps: bool = True,
-                 inherit: list[socket.socket] | None = None):
+                 inherit: list[socket.socket] | None = None, netns: str | None = None):
         self.ports = list(ports)
         self.extra = list(extra or [])
         self.uplinks = list(uplinks or [])
         self.transient_taps = transient_taps
         self.inherit = list(inherit or [])
+        self.netns = netns
         self.workdir = Path(workdir)
         self.binary = binary or GSONET_BIN
         self.control = self.workdir / "control.sock"
@@ -75,7 +77,8 @@ class Gsonet:
         self._log = None
 
     def cmdline(self) -> list[str]:
-        cmd = [self.binary, "serve"]
+        cmd = ["ip", "netns", "exec", self.netns] if self.netns else []
+        cmd += [self.binary, "serve"]
         for p in self.ports:
             cmd += ["--port", p]
         for u in self.uplinks:
@@ -107,7 +110,7 @@ class Gsonet:
         waits = [self.control] + [Path(s["socket"]) for s in specs if "client" not in s]
         taps = [s["tap"] for s in map(_spec, self.uplinks) if "tap" in s]
         deadline = time.monotonic() + timeout
-        while not (all(w.exists() for w in waits) and all(link_exists(t) for t in taps)):
+        while not (all(w.exists() for w in waits) and all(link_exists(t, self.netns) for t in taps)):
             if self.proc.poll() is not None:
                 raise HarnessError(f"gsonet exited rc={self.proc.returncode}:\n"
                                    f"{self.log()[-2000:]}")

@@ -28,8 +28,12 @@ def tun_available() -> bool:
     return os.path.exists("/dev/net/tun")
 
 
-def link_exists(name: str) -> bool:
-    return Path("/sys/class/net", name).exists()
+def link_exists(name: str, netns: str | None = None) -> bool:
+    """Whether interface ``name`` exists (in network namespace ``netns``, if given)."""
+    if netns is None:
+        return Path("/sys/class/net", name).exists()
+    return subprocess.run(["ip", "-n", netns, "link", "show", "dev", name],
+                          capture_output=True).returncode == 0
 
 
 def wait_link(name: str, timeout: float = 10.0) -> bool:
