@@ -27,9 +27,8 @@ MAC goes up (host 2 local, host 3 remote at host 2's VTEP).
 
 from __future__ import annotations
 
-import hashlib
-import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,6 +38,7 @@ import pytest
 from harness import evpn
 from harness.gsonet import Gsonet, counters_delta
 from harness.guest import Guest
+from harness.migration import MigGuest, Qmp
 from harness.qemu import vhost_user_netdev
 from harness.transfer import transfer_guest_to_guest
 
@@ -238,3 +238,147 @@ def test_two_hosts(fabric, record_measurement):
     finally:
         a.shutdown()
         b.shutdown()
+
+
+class Pinger:
+    """`ping -D` from a namespace every 20 ms, its replies' (wall-clock) times."""
+
+    def __init__(self, ns: str, dst: str):
+        self.proc = subprocess.Popen([*evpn.netns_exec(ns), "ping", "-D", "-n", "-i", "0.02",
+                                      "-W", "1", dst], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.replies: list[float] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("[") and "bytes from" in line:
+                self.replies.append(float(line[1:line.index("]")]))
+
+    def first_after(self, t: float) -> float | None:
+        return next((r for r in list(self.replies) if r >= t), None)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.thread.join(5)
+
+
+def _wait_mac(fab, host: int, mac: str, want, timeout: float = 10.0) -> dict:
+    """FRR's entry for ``mac`` on ``host`` once ``want(entry)`` holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        e = fab.macs(host).get(mac)
+        if e is not None and want(e):
+            return e
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{mac} on {fab.hosts[host].name}: {e}\n{fab.describe()}")
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("announce", [
+    "guest",
+    pytest.param("rarp", marks=pytest.mark.full),
+])
+def test_migration_across_hosts(fabric, record_measurement, announce):
+    """Guest M moves from host 1's gsonet to host 2's (QMP migrate over a Unix socket,
+    as in test_migration.py) while the third party on host 3 pings it every 20 ms.
+    The announce that moves its MAC in the fabric is the guest's own gratuitous ARP
+    (GUEST_ANNOUNCE), or (full set, guest_announce=off) the RARP gsonet sends from
+    host 2's port when QEMU asks (SEND_RARP)."""
+    fab, tmp = fabric.fab, fabric.tmp
+    ip, ip6 = f"{NET4}.3", f"{NET6}:3"
+    name = f"mh-m-{announce}"
+    props = {"host_mtu": GUEST_MTU}
+    if announce == "rarp":
+        props["guest_announce"] = False
+    src = MigGuest(name, vhost_user_netdev(_sock(fabric, 0, 1)), str(tmp / "m-src.qmp"),
+                   device_props=props, ip=f"{ip}/24", ip6=f"{ip6}/64")
+    dst = MigGuest(name, vhost_user_netdev(_sock(fabric, 1, 1)), str(tmp / "m-dst.qmp"),
+                   extra=["-incoming", "defer"], device_props=props, ip=f"{ip}/24",
+                   ip6=f"{ip6}/64")
+    dst.name = f"{name}-dst"  # its logs; the machine (and so the guest) is the same
+    mig = str(tmp / "m-migrate.sock")
+    qs = qd = pinger = None
+    try:
+        src.start()
+        src.wait_booted()
+        fabric.gs[0].wait_port(1)
+        dst.start()
+        qs, qd = Qmp(src.qmp_path), Qmp(dst.qmp_path)
+        qd.cmd("migrate-incoming", uri=f"unix:{mig}")
+        for q in (qs, qd):
+            q.cmd("migrate-set-parameters", **{"max-bandwidth": 4 << 30, "downtime-limit": 500})
+
+        # The third party reaches M on host 1: remote at host 1's VTEP on host 3.
+        src.run_ok(f"ping -c 2 -W 5 {THIRD_IP}", timeout=60)
+        before = _wait_mac(fab, 2, src.mac, lambda e: e.get("remoteVtep") == fab.hosts[0].vtep)
+        _assert_evpn_learned(fab, 2, src.mac, 0)
+        _assert_evpn_learned(fab, 0, src.mac, 0)
+        seq0 = max(before["localSequence"], before["remoteSequence"])
+        pinger = Pinger(fab.endpoints[0], ip)
+        time.sleep(1)
+        assert pinger.replies, "the third party does not reach M before the migration"
+
+        qs.cmd("migrate", uri=f"unix:{mig}")
+        deadline = time.monotonic() + 240
+        while True:
+            info = qs.cmd("query-migrate")
+            if info.get("status") == "completed":
+                break
+            if info.get("status") in ("failed", "cancelled") or time.monotonic() > deadline:
+                raise AssertionError(f"migration {info}\n{src.qemu_stderr()[-2000:]}"
+                                     f"\n{dst.qemu_stderr()[-2000:]}")
+            time.sleep(0.2)
+        deadline = time.monotonic() + 60
+        while qd.event_time("RESUME") is None:
+            assert time.monotonic() < deadline, f"no RESUME on the destination: {qd.events}"
+            qd.cmd("query-status")
+            time.sleep(0.05)
+        resumed = qd.event_time("RESUME")
+        # The source stays (paused) until the guest was heard on host 2's port.
+        deadline = time.monotonic() + 30
+        while fabric.gs[1].stats()["ports"][1]["stats"]["tx_frames"] == 0:
+            assert time.monotonic() < deadline, "nothing from the guest on host 2's port"
+            time.sleep(0.02)
+        qs.cmd("quit")
+        src.shutdown()
+
+        # Reachable again from the third party, and FRR moved the MAC with a higher
+        # sequence number: local on host 2, remote at host 2 on hosts 1 and 3.
+        deadline = time.monotonic() + 30
+        while pinger.first_after(resumed) is None:
+            assert time.monotonic() < deadline, f"no reply after the migration\n{fab.describe()}"
+            time.sleep(0.1)
+        back_ms = (pinger.first_after(resumed) - resumed) * 1000
+        e2 = _wait_mac(fab, 1, src.mac, lambda e: e["type"] == "local")
+        e3 = _wait_mac(fab, 2, src.mac, lambda e: e.get("remoteVtep") == fab.hosts[1].vtep)
+        e1 = _wait_mac(fab, 0, src.mac, lambda e: e.get("remoteVtep") == fab.hosts[1].vtep)
+        _assert_evpn_learned(fab, 2, src.mac, 1)
+        _assert_evpn_learned(fab, 0, src.mac, 1)
+        out = {"downtime_ms": info["downtime"], "total_ms": info["total-time"],
+               "resume_to_third_party_reply_ms": back_ms,
+               "seq_before": seq0, "seq_host2_local": e2["localSequence"],
+               "seq_host3_remote": e3["remoteSequence"], "seq_host1_remote": e1["remoteSequence"]}
+        for k, v in out.items():
+            record_measurement(f"multihost.migration.{announce}.{k}", v)
+            print(f"result multihost.migration.{announce}.{k} = {v}")
+        if announce == "rarp":
+            log = fabric.gs[1].log()
+            assert "announcing the guest (SEND_RARP)" in log, log[-2000:]
+        assert e2["localSequence"] > seq0, (e2, seq0)
+        assert e3["remoteSequence"] == e2["localSequence"], (e3, e2)
+        assert e1["remoteSequence"] == e2["localSequence"], (e1, e2)
+        assert back_ms < 1000, out
+        rc, o = dst.run(f"ping -c 2 -W 5 {THIRD_IP6}", timeout=60)
+        assert rc == 0, o
+    finally:
+        if pinger:
+            pinger.stop()
+        for q in (qs, qd):
+            if q:
+                q.close()
+        for g in (src, dst):
+            g.shutdown()
