@@ -176,6 +176,19 @@ def test_two_hosts(fabric, record_measurement):
                               (2, a.mac, 0), (2, b.mac, 1)):
             _assert_evpn_learned(fab, host, mac, at)
 
+        # What grows with hosts and MACs, seen on host 3: one type-3 (inclusive
+        # multicast) route per host, one head-end replication entry per other VTEP,
+        # one type-2 route per MAC anywhere in the VNI.
+        rt = fab.hosts[2].vtysh("show bgp l2vpn evpn route type multicast")
+        type3 = rt.count("[3]:[0]:[32]:")
+        type2 = fab.type2_routes(2).count("[2]:[0]:[48]:")
+        flood = sum(1 for line in fab.fdb(2).splitlines()
+                    if line.startswith("00:00:00:00:00:00"))
+        print(f"result multihost.host3 type3_routes={type3} type2_routes={type2} "
+              f"head_end_entries={flood} evpn_macs={len(fab.macs(2))}")
+        assert type3 == len(fab.hosts) and flood == len(fab.hosts) - 1, (type3, flood, rt)
+        assert type2 >= 3, fab.type2_routes(2)
+
         # Files both ways, IPv4 and IPv6; the underlay captured on host 1's link.
         h3_before = fab.hosts[2].link_stats(evpn.UNDERLAY_IF)
         h1_before = fab.hosts[0].link_stats(evpn.UNDERLAY_IF)

@@ -23,9 +23,11 @@ from harness import paths  # noqa: E402
 from harness.hostprof import BUCKETS as HOST_BUCKETS, available as perf_available  # noqa: E402
 from harness.backends import BACKENDS, BASELINE, TOPOLOGIES, Setup, known, label  # noqa: E402
 
-CASES = {"host": ["g2h", "h2g"], "g2g": ["g2g"], "g2g-soft": ["g2g-soft"]}
+CASES = {"host": ["g2h", "h2g"], "g2g": ["g2g"], "g2g-soft": ["g2g-soft"],
+         "multihost": ["multihost"]}
 CASE_LABEL = {"g2h": "guest->host", "h2g": "host->guest", "g2g": "guest->guest",
-              "g2g-soft": "guest->guest, receiver without guest TSO"}
+              "g2g-soft": "guest->guest, receiver without guest TSO",
+              "multihost": "guest->guest across two hosts (EVPN-VXLAN)"}
 OFFLOADS = {"on": [True], "off": [False], "both": [True, False]}
 
 EPILOG = """\
@@ -41,6 +43,10 @@ Topologies and backends:
   g2g-soft (guest->guest, the receiver's device with guest_tso4=off,guest_tso6=off):
     the same set-ups; the sender's TSO frames are segmented by gsonet, by the kernel
     (bridge to a tap whose guest takes no TSO) or by testpmd
+  multihost (guest->guest across two hosts of an EVPN-VXLAN fabric: network namespaces,
+  each with a bridge, a VXLAN device and FRR; docs/multihost.md; guest MTU 1450):
+    gsonet     one gsonet per host (in its namespace), its tap in the host's bridge
+    qemu-tap   QEMU in each host's namespace, its tap in the bridge
 
 gsonet:K=V+K=V is gsonet with those port options, measured next to the defaults in
 the same run (e.g. --backends gsonet,gsonet:tx_poll_us=200,qemu-tap).
@@ -231,7 +237,8 @@ def host_split_markdown(rows: list[dict], args) -> str:
 
 
 TOPO_LABEL = {"host": "guest<->host", "g2g": "guest<->guest",
-              "g2g-soft": "guest<->guest, receiver without guest TSO"}
+              "g2g-soft": "guest<->guest, receiver without guest TSO",
+              "multihost": "guest<->guest across two hosts (EVPN-VXLAN)"}
 
 
 def latency_markdown(res: dict, args) -> str:
@@ -312,7 +319,8 @@ def parse_args(argv: list[str] | None = None, description: str = __doc__,
                          "is gsonet with port options (e.g. gsonet:tx_poll_us=100)")
     ap.add_argument("--topologies", default="host",
                     help="host (guest<->host), g2g (guest<->guest), g2g-soft (receiver "
-                         "without guest TSO), comma-separated")
+                         "without guest TSO), multihost (guest<->guest across two hosts "
+                         "of an EVPN-VXLAN fabric; gsonet and qemu-tap), comma-separated")
     ap.add_argument("--offloads", choices=sorted(OFFLOADS), default="on",
                     help="guest TSO/GSO on, off, or both in turn")
     ap.add_argument("--seconds", type=float, default=3, help="per iperf3 run")

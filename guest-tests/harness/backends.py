@@ -9,7 +9,7 @@ import subprocess
 from contextlib import nullcontext
 from pathlib import Path
 
-from . import cost, hostnet
+from . import cost, evpn, hostnet
 from .gsonet import Gsonet
 from .guest import Guest
 from .hostprof import HostProfile
@@ -20,11 +20,15 @@ from .qemu import tap_netdev, vhost_user_netdev
 from .testpmd import TestPmd
 
 BACKENDS = ["gsonet", "qemu-tap", "dpdk"]
-TOPOLOGIES = ["host", "g2g", "g2g-soft"]
+TOPOLOGIES = ["host", "g2g", "g2g-soft", "multihost"]
 # g2g-soft: guest->guest with the receiver's device lacking guest TSO (QEMU's
 # guest_tso4/6=off on it, for every backend), so the sender's TSO frames are segmented
 # on the way: by gsonet, or by the kernel (bridge to a tap without TSO).
 NO_GUEST_TSO = {"guest_tso4": "off", "guest_tso6": "off"}
+# multihost: guest->guest across two hosts of an EVPN-VXLAN fabric (harness/evpn.py,
+# docs/multihost.md), each guest on its host's backend whose tap is in the host's
+# bridge; the guests' MTU is the overlay's (VXLAN's 50 bytes under the underlay's).
+MULTIHOST_MTU = 1450
 BASELINE = "qemu-tap"
 LABEL = {"gsonet": "gsonet", "qemu-tap": "QEMU virtio-net + tap", "dpdk": "DPDK testpmd vhost"}
 
@@ -75,6 +79,7 @@ class Setup:
         self.host_ip: str | None = None
         self.commands: dict = {}
         self.gsonet: Gsonet | None = None
+        self.fabric: evpn.Fabric | None = None  # multihost
         self.backend_pid: int | None = None  # gsonet's or testpmd's process
         self._host_link: str | None = None  # where host_ip goes (guest<->host)
         self._cleanup: list = []
@@ -101,7 +106,14 @@ class Setup:
         nguests = 1 if self.topo == "host" else 2
         kind, _, opts = self.backend.partition(":")
         socks = [str(self.work / f"{kind}-{self.topo}-{i}.sock") for i in range(nguests)]
-        if kind == "gsonet":
+        guest_ns: list[str | None] = [None] * nguests
+        props = [None] * nguests
+        if self.topo == "multihost":
+            netdevs = self._multihost(kind, socks, opts)
+            if kind == "qemu-tap":
+                guest_ns = [h.ns for h in self.fabric.hosts]
+            props = [{"host_mtu": MULTIHOST_MTU}] * nguests
+        elif kind == "gsonet":
             netdevs = self._gsonet(socks, opts)
         elif self.backend == "qemu-tap":
             netdevs = self._qemu_tap(nguests)
@@ -113,9 +125,10 @@ class Setup:
             hostnet.set_addr(self._host_link, f"{net}.1/24")
             self.host_ip = f"{net}.1"
         for i, netdev in enumerate(netdevs):
-            props = NO_GUEST_TSO if self.topo == "g2g-soft" and i == 1 else None
-            g = Guest(f"bench-{kind}{i}", netdev, props, ip=f"{net}.{i + 2}/24",
-                      log_dir=self.logs)
+            if self.topo == "g2g-soft" and i == 1:
+                props[i] = NO_GUEST_TSO
+            g = Guest(f"bench-{kind}{i}", netdev, props[i], ip=f"{net}.{i + 2}/24",
+                      log_dir=self.logs, netns=guest_ns[i])
             self._cleanup.append(g.shutdown)
             self.guests.append(g)
             self.guest_ips.append(f"{net}.{i + 2}")
@@ -150,6 +163,40 @@ class Setup:
         self.backend_pid = gs.proc.pid if gs.proc else None
         self.commands["gsonet"] = " ".join(gs.cmdline())
         return [vhost_user_netdev(s) for s in socks]
+
+    def _multihost(self, kind: str, socks: list[str], opts: str) -> list[list[str]]:
+        """Two hosts of an EVPN fabric, BGP up; guest i on host i: on that host's own
+        gsonet (run in its namespace) or on a tap of QEMU's there, in the bridge."""
+        if kind not in ("gsonet", "qemu-tap"):
+            raise HarnessError(f"{kind}: no multihost set-up (gsonet and qemu-tap only)")
+        reason = evpn.skip_reason()
+        if reason:
+            raise HarnessError(reason)
+        fab = evpn.Fabric(hosts=2)
+        self._cleanup.append(fab.stop)
+        fab.start()
+        self.fabric = fab
+        self.commands["fabric"] = "docs/multihost.md (guest-tests/harness/evpn.py)"
+        netdevs = []
+        for i, h in enumerate(fab.hosts):
+            tap = "gsn0"
+            if kind == "gsonet":
+                spec = f"socket={socks[i]},mtu={MULTIHOST_MTU}" + (f",{opts}" if opts else "")
+                gs = Gsonet([spec], [f"tap={tap}"], workdir=self.work / f"gsonet-{h.name}",
+                            name=f"bench-{h.name}", log_dir=self.logs, netns=h.ns)
+                self._cleanup.append(gs.stop)
+                gs.start()
+                if i == 0:  # the sender's: its counters and CPU are the ones costed
+                    self.gsonet = gs
+                    self.backend_pid = gs.proc.pid if gs.proc else None
+                self.commands[f"gsonet-{h.name}"] = " ".join(gs.cmdline())
+                netdevs.append(vhost_user_netdev(socks[i]))
+            else:
+                h.ip("tuntap", "add", "dev", tap, "mode", "tap", "vnet_hdr")
+                netdevs.append(tap_netdev(tap))
+            fab.attach(i, tap)
+        fab.wait_established()
+        return netdevs
 
     def _qemu_tap(self, nguests: int) -> list[list[str]]:
         taps = [hostnet.unique_name("bq") for _ in range(nguests)]
@@ -201,7 +248,7 @@ class Setup:
         (harness.cost.per_gb: guest interrupts and kicks, gsonet's kicks and calls,
         CPU seconds). With ``profile``, a host-wide `perf` sample splits the host's
         busy CPU seconds per GB by process and code ("host_split")."""
-        g2g = case in ("g2g", "g2g-soft")
+        g2g = case in ("g2g", "g2g-soft", "multihost")
         iperf3_guest_server(self.guests[1] if g2g else self.guests[0])
         pids = {"qemu": [g.proc.pid for g in self.guests if g.proc],
                 "backend": [self.backend_pid] if self.backend_pid else []}

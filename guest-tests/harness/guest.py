@@ -18,12 +18,14 @@ READY_MARK = "GSONET-GUEST-READY"
 
 class Guest:
     """One guest (context manager): ``Guest(name, netdev, device_props, ip=...,
-    ip6=..., smp=..., mac=...)``; the keyword arguments are those of qemu.Machine.
+    ip6=..., smp=..., mac=...)``; the keyword arguments are those of qemu.Machine,
+    and ``netns`` (QEMU runs in that network namespace).
     Console and QEMU logs go to ``log_dir`` (paths.LOG_DIR)."""
 
     def __init__(self, name: str, netdev: list[str] | None, device_props: dict | None = None,
-                 *, log_dir: Path | str | None = None, **machine):
+                 *, log_dir: Path | str | None = None, netns: str | None = None, **machine):
         self.machine = Machine(name, netdev or [], device_props, **machine)
+        self.netns = netns  # QEMU runs in this network namespace (its tap netdev there)
         self.name = name
         self.mac = self.machine.mac
         self.log_dir = log_dir
@@ -34,7 +36,8 @@ class Guest:
         self._started_at = 0.0
 
     def cmdline(self) -> list[str]:
-        return self.machine.argv()
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        return prefix + self.machine.argv()
 
     def start(self) -> "Guest":
         m = self.machine
