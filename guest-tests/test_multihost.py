@@ -331,6 +331,9 @@ def test_migration_across_hosts(fabric, record_measurement, announce):
         _assert_evpn_learned(fab, 2, src.mac, 0)
         _assert_evpn_learned(fab, 0, src.mac, 0)
         seq0 = max(before["localSequence"], before["remoteSequence"])
+        # M's ARP for the third party was flooded to every VTEP, so host 2's gsonet
+        # learned M on its uplink: the migration is a move there, uplink -> port.
+        moves0 = fabric.gs[1].stats()["ports"][1]["stats"]["mac_moves"]
         pinger = Pinger(fab.endpoints[0], ip)
         time.sleep(1)
         assert pinger.replies, "the third party does not reach M before the migration"
@@ -385,6 +388,8 @@ def test_migration_across_hosts(fabric, record_measurement, announce):
         assert e3["remoteSequence"] == e2["localSequence"], (e3, e2)
         assert e1["remoteSequence"] == e2["localSequence"], (e1, e2)
         assert back_ms < 1000, out
+        moves = fabric.gs[1].stats()["ports"][1]["stats"]["mac_moves"] - moves0
+        assert moves >= 1, fabric.gs[1].stats_text()
         rc, o = dst.run(f"ping -c 2 -W 5 {THIRD_IP6}", timeout=60)
         assert rc == 0, o
     finally:
