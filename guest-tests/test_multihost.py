@@ -22,7 +22,9 @@ right (a capture on each underlay link).
 test_migration_across_hosts: a guest live-migrated from host 1 to host 2 (two
 QEMUs, each on its host's gsonet) answers the third party's pings again within a
 second of the destination's RESUME, and FRR's MAC mobility sequence number for its
-MAC goes up (host 2 local, host 3 remote at host 2's VTEP).
+MAC goes up (host 2 local, hosts 1 and 3 remote at host 2's VTEP); host 2's gsonet
+counts the MAC move; a guest that stays on host 1 reaches M port to port before and
+over host 1's uplink and the fabric after (host 1's gsonet kept no stale entry).
 """
 
 from __future__ import annotations
@@ -313,12 +315,17 @@ def test_migration_across_hosts(fabric, record_measurement, announce):
                    extra=["-incoming", "defer"], device_props=props, ip=f"{ip}/24",
                    ip6=f"{ip6}/64")
     dst.name = f"{name}-dst"  # its logs; the machine (and so the guest) is the same
+    # a guest that stays on host 1, on the same gsonet M leaves
+    local = _guest(fab, 0, _sock(fabric, 0, 0), f"mh-l-{announce}", f"{NET4}.4", f"{NET6}:4")
     mig = str(tmp / "m-migrate.sock")
     qs = qd = pinger = None
     try:
         src.start()
+        local.start()
         src.wait_booted()
+        local.wait_booted()
         fabric.gs[0].wait_port(1)
+        fabric.gs[0].wait_port(0)
         dst.start()
         qs, qd = Qmp(src.qmp_path), Qmp(dst.qmp_path)
         qd.cmd("migrate-incoming", uri=f"unix:{mig}")
@@ -327,6 +334,10 @@ def test_migration_across_hosts(fabric, record_measurement, announce):
 
         # The third party reaches M on host 1: remote at host 1's VTEP on host 3.
         src.run_ok(f"ping -c 2 -W 5 {THIRD_IP}", timeout=60)
+        # A guest of host 1 reaches M through host 1's gsonet alone, port to port.
+        up0 = fabric.gs[0].stats()["uplinks"][0]["stats"]
+        local.run_ok(f"ping -c 6 -s 1000 -W 5 {ip}", timeout=60)
+        up1 = fabric.gs[0].stats()["uplinks"][0]["stats"]
         before = _wait_mac(fab, 2, src.mac, lambda e: e.get("remoteVtep") == fab.hosts[0].vtep)
         _assert_evpn_learned(fab, 2, src.mac, 0)
         _assert_evpn_learned(fab, 0, src.mac, 0)
@@ -392,11 +403,26 @@ def test_migration_across_hosts(fabric, record_measurement, announce):
         assert moves >= 1, fabric.gs[1].stats_text()
         rc, o = dst.run(f"ping -c 2 -W 5 {THIRD_IP6}", timeout=60)
         assert rc == 0, o
+        # Host 1's gsonet forgot M with its port: the local guest now reaches M over
+        # the uplink and the fabric, no stale entry pointing at the old port.
+        up2 = fabric.gs[0].stats()["uplinks"][0]["stats"]
+        for dst_ip in (ip, ip6):
+            rc, o = local.run(f"ping -c 3 -W 5 {dst_ip}", timeout=60)
+            assert rc == 0, o
+        up3 = fabric.gs[0].stats()["uplinks"][0]["stats"]
+        before_rx = up1["rx_bytes"] - up0["rx_bytes"]
+        after_rx, after_tx = (up3[k] - up2[k] for k in ("rx_frames", "tx_frames"))
+        print(f"result multihost.migration.{announce}.old_host_uplink bytes out before "
+              f"{before_rx}; frames out, in after {after_rx}, {after_tx}")
+        assert after_rx >= 6 and after_tx >= 6, (up2, up3)
+        # before, the 6 echo requests (1042-byte frames) stayed in host 1's gsonet:
+        # only the ARP broadcast and the guests' other small multicast left by the uplink
+        assert before_rx < 3 * 1042, (up0, up1)
     finally:
         if pinger:
             pinger.stop()
         for q in (qs, qd):
             if q:
                 q.close()
-        for g in (src, dst):
+        for g in (src, dst, local):
             g.shutdown()
