@@ -127,7 +127,7 @@ struct ServeArgs {
     /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mac_lock=on][,mac_limit=N]
     /// [,mtu=N][,max_burst=N][,gro=on|off][,rate=MBIT[,burst=KB]][,rx_rate=MBIT[,rx_burst=KB]]
     /// [,vlan=N | ,trunk=on,allowed_vlans=LIST]
-    /// [,socket_mode=MODE][,socket_group=GROUP][,tx_poll_us=N][,busy_poll_us=N]
+    /// [,socket_mode=MODE][,socket_group=GROUP][,tx_poll_us=N][,busy_poll_us=N][,one_copy=on|off]
     /// and offload switches offloads|csum|guest_csum|tso|ecn|ufo|uso|mrg_rxbuf|event_idx|indirect_desc=on|off.
     /// gsonet listens on PATH (QEMU connects); with `client` (or server=off) it connects to
     /// a QEMU started with server=on. path=PATH is the same as socket=PATH. Repeat for more
@@ -161,6 +161,9 @@ struct ServeArgs {
     /// yielding the CPU to anything runnable, before sleeping on its kick again: a
     /// fast guest's next frames are taken without a kick or a wake-up. An idle
     /// queue costs nothing.
+    /// one_copy=on (default): a frame of 512 bytes or more this guest sends to another
+    /// guest that takes it intact is copied once, from its buffers straight into the
+    /// receiver's (rx_one_copy); off: through gsonet's memory, two copies.
     /// rx_coalesce_usecs=N (0..10000, default 0: off) and rx_coalesce_frames=N
     /// (0..1024): RX interrupt moderation as `ethtool -C rx-usecs/rx-frames` means it: a
     /// frame is announced to the guest at most N µs after it was written, or at once

@@ -375,6 +375,8 @@ fn gso_to_capable_peer(
     let s = d.stats().unwrap();
     assert_eq!(port_counter(&s, 0, "gso_passed"), 1, "{s:#}");
     assert_eq!(port_counter(&s, 0, "gso_segmented"), 0, "{s:#}");
+    // Straight from B's buffers into A's: one copy.
+    assert_eq!(port_counter(&s, 0, "rx_one_copy"), 1, "{s:#}");
 }
 
 #[test]
@@ -520,6 +522,8 @@ fn tso_to_plain_peer(ips: Ips, mss: u16, len: usize) {
     assert_eq!(segs[0].options.len(), 12, "timestamp option lost");
     assert!(frames::reassemble_tcp(&segs, seq0).unwrap() == data);
     check_segmented_counters(&d, n);
+    // Cut in software: made whole in gsonet first, never written from A's buffers.
+    assert_eq!(d.port_counter(1, "rx_one_copy").unwrap(), 0);
 }
 
 /// Sends a 64 KiB TSO frame from A to B (which takes no GSO) and returns the

@@ -5,6 +5,7 @@
 pub mod validate;
 
 use crate::l2::{Mac, Tag, ADDRS_LEN, ETH_HDR_LEN};
+use crate::ring::tx::GuestTail;
 use crate::segment::{parse, plan, Headers, Plan};
 use crate::stats::DropReason;
 use crate::vnet_hdr::VirtioNetHdr;
@@ -18,11 +19,15 @@ pub struct GsoLayout {
 
 /// A frame in flight: its header, its bytes (a private buffer, or a view that adds or
 /// removes a VLAN tag in front of one) and what was learnt from them on entry.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct Frame<'a> {
     pub hdr: VirtioNetHdr,
     pub parts: &'a [&'a [u8]],
-    /// Bytes in `parts`.
+    /// A one-copy frame: the bytes after `parts`, still in the sending guest's
+    /// buffers. Only the switch's forward sees such a frame; it hands it to a guest's
+    /// RX queue as it is, or makes it whole (`made_whole`) for every other path.
+    pub guest: Option<GuestTail<'a>>,
+    /// Bytes in `parts` and `guest`.
     pub len: usize,
     pub dst: Mac,
     pub src: Mac,
@@ -51,12 +56,54 @@ impl<'a> Frame<'a> {
         Ok(Frame {
             hdr,
             parts,
+            guest: None,
             len,
             dst,
             src,
             tag: Tag::read(&head[..head.len().min(ADDRS_LEN + 4)]),
             gso,
         })
+    }
+
+    /// A one-copy frame: `parts` hold its first bytes (at least its Ethernet
+    /// header; every header when `gso` is set) and `tail` the rest.
+    pub fn with_tail(
+        hdr: VirtioNetHdr,
+        parts: &'a [&'a [u8]],
+        tail: GuestTail<'a>,
+        gso: Option<GsoLayout>,
+    ) -> Result<Frame<'a>, DropReason> {
+        let mut f = Frame::new(hdr, parts, gso)?;
+        f.len += tail.len;
+        f.guest = Some(tail);
+        Ok(f)
+    }
+
+    /// Copies every byte of the frame into `buf` (grown to fit): the buffer a
+    /// one-copy frame is made whole in.
+    pub fn gather(&self, buf: &mut Vec<u8>) -> Result<(), DropReason> {
+        if buf.len() < self.len {
+            buf.resize(self.len, 0);
+        }
+        let n = parse::gather(self.parts, &mut buf[..self.len]);
+        match &self.guest {
+            Some(t) => t
+                .read_into(&mut buf[n..self.len])
+                .map_err(|_| DropReason::BadAddress),
+            None => Ok(()),
+        }
+    }
+
+    /// The same frame over `parts` (all its bytes, as `gather` left them).
+    pub fn made_whole<'b>(&self, parts: &'b [&'b [u8]]) -> Frame<'b>
+    where
+        'a: 'b,
+    {
+        Frame {
+            parts,
+            guest: None,
+            ..*self
+        }
     }
 
     /// Bytes it puts on the wire: a GSO frame as the segments it becomes, each with

@@ -6,6 +6,7 @@ use thiserror::Error;
 
 use super::{Frame, GsoLayout};
 use crate::features::Caps;
+use crate::ring::tx::GuestTail;
 use crate::segment::{parse, plan, Headers, ParseError, SegmentError, L3, L4, MAX_IP_LEN};
 use crate::stats::DropReason;
 use crate::vnet_hdr::{GsoKind, GsoType, VirtioNetHdr};
@@ -126,12 +127,40 @@ pub fn tx_frame<'a>(
     Frame::new(hdr, parts, valid.layout)
 }
 
+/// `tx_frame` for a one-copy frame: `head` holds its first bytes, `tail` the rest,
+/// still in the guest's buffers. Only headers are read, so a frame whose headers all
+/// lie in `head` is judged exactly as it would be whole; one whose headers run past
+/// it fails here, and is checked again whole by the caller.
+pub fn tx_frame_tail<'a>(
+    tx: Caps,
+    hdr: VirtioNetHdr,
+    head: &'a [&'a [u8]],
+    tail: GuestTail<'a>,
+) -> Result<Frame<'a>, DropReason> {
+    if hdr.gso.is_gso() && !tx.accepts(hdr.gso) {
+        return Err(InvalidHdr::GsoNotNegotiated(hdr.gso).into());
+    }
+    if hdr.needs_csum() && !tx.csum {
+        return Err(InvalidHdr::CsumNotNegotiated.into());
+    }
+    let valid = validate_prefix(&hdr, head, parse::frame_len(head) + tail.len)?;
+    Frame::with_tail(hdr, head, tail, valid.layout)
+}
+
 /// Checks a guest's TX header against its frame (Linux `__virtio_net_hdr_to_skb`
 /// plus the DPDK fixes: the rules in docs/offloads.md, "Header validation"). `hdr` must be a copy taken once
 /// out of guest memory. hdr_len is never used. A frame accepted here can always be
 /// segmented by [`crate::segment::Segmenter`] without an MTU cap.
 pub fn validate(hdr: &VirtioNetHdr, frame: &[&[u8]]) -> Result<Valid, InvalidHdr> {
-    let frame_len = parse::frame_len(frame);
+    validate_prefix(hdr, frame, parse::frame_len(frame))
+}
+
+/// `validate` for a frame of `frame_len` bytes of which `frame` holds the first.
+fn validate_prefix(
+    hdr: &VirtioNetHdr,
+    frame: &[&[u8]],
+    frame_len: usize,
+) -> Result<Valid, InvalidHdr> {
     let kind = hdr.gso.kind;
     // Rule 2.
     if kind != GsoKind::None {
@@ -156,7 +185,7 @@ pub fn validate(hdr: &VirtioNetHdr, frame: &[&[u8]]) -> Result<Valid, InvalidHdr
         if hdr.needs_csum() {
             // The checksum is written where the header says: never into the MAC,
             // VLAN or IP headers the switch classified the frame by.
-            let h = parse::parse_headers(frame).map_err(InvalidHdr::BadHeaders)?;
+            let h = parse::parse_headers_of(frame, frame_len).map_err(InvalidHdr::BadHeaders)?;
             if usize::from(hdr.csum_start) < h.l4_off {
                 return Err(InvalidHdr::CsumInHeaders {
                     start: hdr.csum_start,
@@ -167,7 +196,7 @@ pub fn validate(hdr: &VirtioNetHdr, frame: &[&[u8]]) -> Result<Valid, InvalidHdr
         return Ok(Valid { layout: None });
     }
 
-    let h = parse::parse_headers(frame).map_err(InvalidHdr::BadHeaders)?;
+    let h = parse::parse_headers_of(frame, frame_len).map_err(InvalidHdr::BadHeaders)?;
     // Rule 4.
     let want_l3 = match kind {
         GsoKind::TcpV4 => Some(L3::Ipv4),
@@ -722,5 +751,69 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), all.len());
+    }
+
+    /// A one-copy frame is judged by its head exactly as it is judged whole; one
+    /// whose headers run past the head is refused so that it is judged whole.
+    #[test]
+    fn a_head_with_every_header_is_judged_as_the_whole_frame() {
+        use crate::ring::guest_mem::GuestMem;
+        use crate::ring::host::HostMem;
+        use crate::ring::tx::ONE_COPY_HEAD;
+        use vm_memory::{Bytes, GuestAddress};
+        let mem = GuestMem::from_ranges(&[(GuestAddress(0), 0x20000)]).unwrap();
+        let judge = |spec: &FrameSpec| {
+            let (f, l4_off) = build(spec);
+            let kind = if spec.v6 {
+                GsoKind::TcpV6
+            } else {
+                GsoKind::TcpV4
+            };
+            let hdr = gso_hdr(kind, 1000, l4_off, true);
+            mem.write_slice(&f[ONE_COPY_HEAD..], GuestAddress(0x1000))
+                .unwrap();
+            let pieces = [(0x1000u64, (f.len() - ONE_COPY_HEAD) as u32)];
+            let tail = GuestTail {
+                mem: HostMem::new(&mem),
+                pieces: &pieces,
+                len: f.len() - ONE_COPY_HEAD,
+            };
+            let head = [&f[..ONE_COPY_HEAD]];
+            let whole = [&f[..]];
+            let by_head = tx_frame_tail(Caps::ALL, hdr, &head, tail).map(|f| (f.len, f.gso));
+            let by_whole = tx_frame(Caps::ALL, hdr, &whole).map(|f| (f.len, f.gso));
+            (by_head, by_whole)
+        };
+        let plain = FrameSpec {
+            tcp: true,
+            v6: true,
+            payload: pattern(5000),
+            ..Default::default()
+        };
+        let (head, whole) = judge(&plain);
+        assert!(whole.is_ok());
+        assert_eq!(head, whole);
+        // Three 56-byte extension headers: TCP starts past the head.
+        let deep = FrameSpec {
+            ip6_exts: vec![(0, 6), (43, 6), (60, 6)],
+            ..plain
+        };
+        let (head, whole) = judge(&deep);
+        assert!(whole.is_ok(), "{whole:?}");
+        assert!(
+            head.is_err(),
+            "headers past the head were judged by the head"
+        );
+        // A bad frame is refused either way.
+        let short_ip = FrameSpec {
+            payload: pattern(10),
+            ..Default::default()
+        };
+        let (head, whole) = judge(&FrameSpec {
+            tcp: true,
+            payload: pattern(3000),
+            ..short_ip
+        });
+        assert_eq!(head, whole);
     }
 }

@@ -10,6 +10,7 @@ use virtio_queue::QueueT;
 use super::guest_mem::{BadRange, GuestMem};
 use super::host::HostMem;
 use super::split::{head_is_indirect, walk_chain, Desc, SplitRing, WalkEnd};
+use super::tx::GuestTail;
 use crate::stats::DropReason;
 use crate::vnet_hdr::VirtioNetHdr;
 
@@ -107,12 +108,11 @@ pub fn write_frame<Q: QueueT>(
 pub enum Source<'a> {
     /// gsonet's own memory.
     Own(&'a [&'a [u8]]),
-    /// Another guest's memory: `head` (headers gsonet copied and checked, possibly
-    /// edited) then the rest straight from the sender's buffers, never staged.
+    /// Another guest's memory: `head` (headers gsonet copied and checked) then the
+    /// rest straight from the sender's buffers, never staged.
     Guest {
-        head: &'a [u8],
-        from: &'a HostMem<'a>,
-        pieces: &'a [(u64, u32)],
+        head: &'a [&'a [u8]],
+        tail: &'a GuestTail<'a>,
     },
 }
 
@@ -120,9 +120,7 @@ impl Source<'_> {
     fn len(&self) -> usize {
         match self {
             Source::Own(parts) => parts.iter().map(|p| p.len()).sum(),
-            Source::Guest { head, pieces, .. } => {
-                head.len() + pieces.iter().map(|p| p.1 as usize).sum::<usize>()
-            }
+            Source::Guest { head, tail } => head.iter().map(|p| p.len()).sum::<usize>() + tail.len,
         }
     }
 }
@@ -240,11 +238,11 @@ pub fn write_frame_in(
         .own(hm, &hdr_bytes[..fmt.hdr_len])
         .and_then(|()| match src {
             Source::Own(parts) => parts.iter().try_for_each(|p| dst.own(hm, p)),
-            Source::Guest { head, from, pieces } => {
-                dst.own(hm, head)?;
-                pieces
+            Source::Guest { head, tail } => {
+                head.iter().try_for_each(|p| dst.own(hm, p))?;
+                tail.pieces
                     .iter()
-                    .try_for_each(|&(a, l)| dst.guest(hm, from, a, l as usize))
+                    .try_for_each(|&(a, l)| dst.guest(hm, &tail.mem, a, l as usize))
             }
         });
     if copied.is_err() {
@@ -441,10 +439,15 @@ mod tests {
             .unwrap();
         let from = HostMem::new(&other);
         let pieces = [(0x40100u64, 1000u32), (0x42000, 1446)];
-        let src = Source::Guest {
-            head: &data[..54],
-            from: &from,
+        let tail = GuestTail {
+            mem: from,
             pieces: &pieces,
+            len: 2446,
+        };
+        let head = [&data[..54]];
+        let src = Source::Guest {
+            head: &head,
+            tail: &tail,
         };
         let hm = HostMem::new(&m);
         let mut ring = SplitRing::of(&q);
@@ -471,10 +474,14 @@ mod tests {
         // back empty.
         post(&mock, 4, 1, 1000);
         let bad = [(0x50000u64, 100u32)];
-        let src = Source::Guest {
-            head: &data[..54],
-            from: &from,
+        let tail = GuestTail {
+            mem: from,
             pieces: &bad,
+            len: 100,
+        };
+        let src = Source::Guest {
+            head: &head,
+            tail: &tail,
         };
         let mut ring = SplitRing::of(&q);
         let r = write_frame_in(

@@ -1,6 +1,8 @@
 //! TX: one descriptor chain -> one frame, copied out of guest memory once into the
-//! worker's buffer through vm-memory's accessors. From then on nothing the guest
-//! writes into its buffers can change what gsonet checks, switches and sends.
+//! worker's buffer (`ring::host`). From then on nothing the guest writes into its
+//! buffers can change what gsonet checks and switches by. A one-copy frame keeps
+//! only its head there (every header); the rest is copied once, later, straight
+//! into its receiver, and the guest's writes meanwhile change only payload it sends.
 
 use thiserror::Error;
 
@@ -15,14 +17,30 @@ pub const MAX_FRAME: usize = 65535 + 14 + 8;
 /// Smallest: an Ethernet header.
 pub const MIN_FRAME: usize = 14;
 
-/// A guest frame: its header and where its bytes are in the buffer passed to
-/// [`read_chain`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Frame bytes a one-copy frame keeps in gsonet's memory: every header the switch
+/// reads (Ethernet, two tags, IPv6 or IPv4 with options, TCP with options) fits, and
+/// a frame whose headers do not is made whole before it is checked again.
+pub const ONE_COPY_HEAD: usize = 192;
+
+/// A guest frame: its header and where its bytes are: the first `len` in the buffer
+/// the chain was copied into, then, for a one-copy frame, `tail_len` more still in
+/// the guest's buffers (`tail` indexes the batch's `pieces`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TxFrame {
     pub hdr: VirtioNetHdr,
-    /// The frame (after the virtio_net_hdr) is `buf[start..start + len]`.
+    /// The frame's private bytes (after the virtio_net_hdr) are `buf[start..start + len]`.
     pub start: usize,
     pub len: usize,
+    /// Pieces of guest memory (address, bytes) that follow, in order.
+    pub tail: std::ops::Range<usize>,
+    pub tail_len: usize,
+}
+
+impl TxFrame {
+    /// Bytes in the whole frame.
+    pub fn frame_len(&self) -> usize {
+        self.len + self.tail_len
+    }
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -100,6 +118,20 @@ pub fn copy_chain(
     hdr_len: usize,
     buf: &mut [u8],
 ) -> Result<TxFrame, TxError> {
+    copy_head(hm, descs, total, hdr_len, total, buf, &mut Vec::new())
+}
+
+/// [`copy_chain`] for the first `keep` bytes only: the rest of the chain is checked
+/// (mapped guest memory) and left where it is, its pieces appended to `pieces`.
+pub fn copy_head(
+    hm: &HostMem<'_>,
+    descs: &[Desc],
+    total: usize,
+    hdr_len: usize,
+    keep: usize,
+    buf: &mut [u8],
+    pieces: &mut Vec<(u64, u32)>,
+) -> Result<TxFrame, TxError> {
     if total < hdr_len {
         return Err(TxError::Header(HdrError::Short(total)));
     }
@@ -107,24 +139,67 @@ pub fn copy_chain(
     if len < MIN_FRAME {
         return Err(TxError::TooShort(len));
     }
-    if total > buf.len() {
+    let keep = keep.clamp(hdr_len, total);
+    if keep > buf.len() {
         return Err(TxError::TooLong);
     }
+    let first = pieces.len();
     let mut at = 0usize;
     for d in descs {
         let n = d.len as usize;
-        hm.read(d.addr, &mut buf[at..at + n])?;
+        let here = n.min(keep.saturating_sub(at));
+        let pos = at.min(keep);
+        let r = if here == n {
+            hm.read(d.addr, &mut buf[pos..pos + n])
+        } else {
+            // The whole descriptor is checked as a copy of it would be.
+            hm.check(d.addr, n).and_then(|()| {
+                hm.read(d.addr, &mut buf[pos..pos + here])?;
+                pieces.push((d.addr + here as u64, (n - here) as u32));
+                Ok(())
+            })
+        };
+        if let Err(e) = r {
+            pieces.truncate(first);
+            return Err(e.into());
+        }
         at += n;
     }
     // A 10-byte legacy header has no num_buffers; the zero tail stands in for it.
     let mut raw = [0u8; HDR_LEN];
     raw[..hdr_len].copy_from_slice(&buf[..hdr_len]);
-    let hdr = VirtioNetHdr::from_bytes(&raw)?;
+    let hdr = VirtioNetHdr::from_bytes(&raw).inspect_err(|_| pieces.truncate(first))?;
     Ok(TxFrame {
         hdr,
         start: hdr_len,
-        len,
+        len: keep - hdr_len,
+        tail: first..pieces.len(),
+        tail_len: total - keep,
     })
+}
+
+/// The bytes of a one-copy frame that are still in the sending guest's buffers:
+/// checked as mapped when its chain was taken, read only by copies into another
+/// guest's buffers or into gsonet's memory, never through a `&[u8]`.
+#[derive(Clone, Copy)]
+pub struct GuestTail<'a> {
+    pub mem: HostMem<'a>,
+    pub pieces: &'a [(u64, u32)],
+    /// Bytes in `pieces`.
+    pub len: usize,
+}
+
+impl GuestTail<'_> {
+    /// Copies the tail into `out[..self.len]`.
+    pub fn read_into(&self, out: &mut [u8]) -> Result<(), BadRange> {
+        let mut at = 0;
+        for &(addr, n) in self.pieces {
+            let n = n as usize;
+            self.mem.read(addr, &mut out[at..at + n])?;
+            at += n;
+        }
+        Ok(())
+    }
 }
 
 /// One chain of a batch between its walk and its copy.
@@ -135,30 +210,25 @@ struct Walked {
 }
 
 /// A batch of TX chains taken off a split ring: each chain walked, checked and
-/// copied into the batch's own arena, its used entry written (not published). What
-/// the batch keeps is bounded whatever the guest's chains look like: `max_chains`
-/// heads, the arena's bytes, and `4 * max_chains` descriptors walked (plus the last
-/// chain's, at most a queue's worth).
+/// copied into the batch's own arena (a one-copy frame: its head only), then handed
+/// back with [`TxBatch::give_back`] once its frames are sent. What the batch keeps is
+/// bounded whatever the guest's chains look like: `max_chains` heads, the arena's
+/// bytes, and `4 * max_chains` descriptors walked (plus the last chain's, at most a
+/// queue's worth), which also bounds `pieces`.
 pub struct TxBatch {
-    /// The frames' bytes; `frames` says where each one is.
+    /// The frames' private bytes; `frames` says where each one is.
     pub arena: Vec<u8>,
-    /// Each chain taken, in ring order: its frame in `arena`, or why it was dropped.
+    /// Each chain taken, in ring order: its frame, or why it was dropped.
     pub frames: Vec<Result<TxFrame, TxError>>,
+    /// The guest memory one-copy frames still have their bytes in.
+    pub pieces: Vec<(u64, u32)>,
+    /// Chains of at least this many bytes are one-copy frames (`None`: none is).
+    one_copy_from: Option<usize>,
     max_chains: usize,
     heads: Vec<u16>,
     /// The batch's descriptors as walked, chain after chain.
     walk: Vec<Desc>,
     walked: Vec<Walked>,
-}
-
-/// What one `TxBatch::take` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Taken {
-    /// Chains taken off the ring (each has its entry in `frames`).
-    pub chains: usize,
-    /// Of those, heads that could not be handed back (outside the ring, or the used
-    /// ring unmapped).
-    pub bad_heads: usize,
 }
 
 impl TxBatch {
@@ -169,6 +239,8 @@ impl TxBatch {
         TxBatch {
             arena: vec![0u8; arena_bytes],
             frames: Vec::with_capacity(max_chains),
+            pieces: Vec::new(),
+            one_copy_from: None,
             max_chains,
             heads: Vec::with_capacity(max_chains),
             walk: Vec::new(),
@@ -176,13 +248,22 @@ impl TxBatch {
         }
     }
 
+    /// Chains of `from` bytes or more (after the virtio_net_hdr) keep only their
+    /// first [`ONE_COPY_HEAD`] bytes in the arena; the rest is read where the guest
+    /// put it, once, by whoever sends the frame on. `None`: every chain is copied
+    /// whole.
+    pub fn set_one_copy(&mut self, from: Option<usize>) {
+        self.one_copy_from = from.map(|f| f.max(ONE_COPY_HEAD + 1));
+    }
+
     /// Takes up to `max` (and `max_chains`) of the `pending` chains the ring has
     /// available, replacing `frames`; a chain that would not fit the arena, or one
-    /// past the walk budget, stays on the ring for the next batch. Each chain taken
-    /// gets its used entry (length 0); the caller publishes them. Three passes, so
-    /// the lines the frontend's CPU wrote (descriptors, then buffers) are asked for
-    /// the whole batch at once rather than one stall after another: the heads (their
-    /// descriptors prefetched), the walks (their buffers prefetched), the copies.
+    /// past the walk budget, stays on the ring for the next batch. Returns how many
+    /// chains were taken: each needs [`TxBatch::give_back`] before the ring is
+    /// published or let go. Three passes, so the lines the frontend's CPU wrote
+    /// (descriptors, then buffers) are asked for the whole batch at once rather than
+    /// one stall after another: the heads (their descriptors prefetched), the walks
+    /// (their buffers prefetched), the copies.
     pub fn take(
         &mut self,
         ring: &mut SplitRing,
@@ -190,16 +271,19 @@ impl TxBatch {
         pending: u16,
         hdr_len: usize,
         max: usize,
-    ) -> Taken {
+    ) -> usize {
         let TxBatch {
             arena,
             frames,
+            pieces,
+            one_copy_from,
             max_chains,
             heads,
             walk,
             walked,
         } = self;
         frames.clear();
+        pieces.clear();
         heads.clear();
         walk.clear();
         walked.clear();
@@ -209,6 +293,11 @@ impl TxBatch {
             ring.prefetch_desc(hm, head);
             heads.push(head);
         }
+        // Bytes a chain of `total` keeps in the arena.
+        let keep = |total: usize| match *one_copy_from {
+            Some(from) if total >= hdr_len + from => hdr_len + ONE_COPY_HEAD,
+            _ => total,
+        };
         let walk_budget = 4 * *max_chains;
         let mut planned = 0usize;
         for (i, &head) in heads.iter().enumerate() {
@@ -220,12 +309,12 @@ impl TxBatch {
             let end = walk_chain(hm, ring.desc, ring.size, head, qsize, walk);
             let bytes = chain_bytes(&walk[start..], end, qsize);
             if let Ok(total) = bytes {
-                if planned + total > arena.len() {
+                if planned + keep(total) > arena.len() {
                     walk.truncate(start);
                     ring.unpop((heads.len() - i) as u16);
                     break;
                 }
-                planned += total;
+                planned += keep(total);
                 for d in &walk[start..] {
                     hm.prefetch(d.addr, d.len as usize);
                 }
@@ -240,28 +329,29 @@ impl TxBatch {
         for c in walked.iter() {
             let frame = c.bytes.clone().and_then(|total| {
                 let at = used;
-                used += total;
-                copy_chain(hm, &walk[c.descs.clone()], total, hdr_len, &mut arena[at..]).map(|f| {
-                    TxFrame {
-                        start: f.start + at,
-                        ..f
-                    }
+                let k = keep(total);
+                used += k;
+                let descs = &walk[c.descs.clone()];
+                copy_head(hm, descs, total, hdr_len, k, &mut arena[at..], pieces).map(|f| TxFrame {
+                    start: f.start + at,
+                    ..f
                 })
             });
             frames.push(frame);
         }
-        // Used entries only once every frame is copied: the batch is the guest's
-        // bytes as they were before any of its chains was handed back.
-        let mut taken = Taken {
-            chains: frames.len(),
-            bad_heads: 0,
-        };
-        for c in walked.drain(..) {
-            if !ring.put_used(hm, c.head, 0) {
-                taken.bad_heads += 1;
-            }
-        }
-        taken
+        frames.len()
+    }
+
+    /// Hands the chains of the last take back to the guest (used entries, length 0;
+    /// the caller publishes them), once nothing reads their buffers any more: a
+    /// one-copy frame's tail is read until its frame is sent. Returns how many heads
+    /// could not be handed back (outside the ring, or the used ring unmapped).
+    pub fn give_back(&mut self, ring: &mut SplitRing, hm: &HostMem<'_>) -> usize {
+        self.pieces.clear();
+        self.walked
+            .drain(..)
+            .filter(|c| !ring.put_used(hm, c.head, 0))
+            .count()
     }
 }
 
@@ -306,7 +396,8 @@ mod tests {
         let mut buf = tx_buffer();
         let total = chain_bytes(&descs, end, max)?;
         let f = copy_chain(&HostMem::new(m), &descs, total, HDR_LEN, &mut buf)?;
-        Ok((f, buf[f.start..f.start + f.len].to_vec()))
+        let bytes = buf[f.start..f.start + f.len].to_vec();
+        Ok((f, bytes))
     }
 
     #[test]

@@ -124,9 +124,15 @@ pub fn gather(frame: &[&[u8]], out: &mut [u8]) -> usize {
 
 /// Parses the headers of a frame given as a scatter list (split anywhere).
 pub fn parse_headers(frame: &[&[u8]]) -> Result<Headers, ParseError> {
+    parse_headers_of(frame, frame_len(frame))
+}
+
+/// `parse_headers` for a frame of `frame_len` bytes of which `first` holds the
+/// first (all of them, or at least its headers).
+pub fn parse_headers_of(first: &[&[u8]], frame_len: usize) -> Result<Headers, ParseError> {
     let mut buf = [0u8; MAX_HEADERS];
-    let n = gather(frame, &mut buf);
-    parse_prefix(&buf[..n], frame_len(frame))
+    let n = gather(first, &mut buf);
+    parse_prefix(&buf[..n], frame_len)
 }
 
 /// Parses the headers of a contiguous frame.

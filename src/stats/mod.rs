@@ -34,6 +34,8 @@ pub struct Counters {
     /// GSO frames GRO built for this guest, and the segments they hold.
     pub gro_frames: AtomicU64,
     pub gro_segments: AtomicU64,
+    /// Frames written into this guest straight from another guest's buffers.
+    pub rx_one_copy: AtomicU64,
     /// `rate=`: times the endpoint's TX queue was held, and for how long in all (µs).
     pub tx_holds: AtomicU64,
     pub tx_throttled_us: AtomicU64,
@@ -100,6 +102,8 @@ pub struct Snapshot {
     pub gro_frames: u64,
     #[serde(default)]
     pub gro_segments: u64,
+    #[serde(default)]
+    pub rx_one_copy: u64,
     #[serde(default)]
     pub tx_holds: u64,
     #[serde(default)]
@@ -201,6 +205,7 @@ impl Counters {
             rx_pauses: g(&self.rx_pauses),
             gro_frames: g(&self.gro_frames),
             gro_segments: g(&self.gro_segments),
+            rx_one_copy: g(&self.rx_one_copy),
             tx_holds: g(&self.tx_holds),
             tx_throttled_us: g(&self.tx_throttled_us),
             drops: DropReason::ALL

@@ -21,7 +21,7 @@ use crate::ring::host::HostMem;
 use crate::ring::rx::{write_frame, write_frame_in, RxError, RxFormat, RxScratch, Source};
 use crate::ring::rx::{MAX_CHAINS_PER_FRAME, MAX_DESCS_PER_FRAME};
 use crate::ring::split::{walk_chain, SplitRing, WalkEnd};
-use crate::ring::tx::{TxBatch, TxError, MAX_FRAME, MIN_FRAME};
+use crate::ring::tx::{TxBatch, TxError, MAX_FRAME, MIN_FRAME, ONE_COPY_HEAD};
 use crate::ring::GuestMem;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
@@ -48,7 +48,8 @@ pub struct Mode {
     pub indirect: bool,
     pub legacy_hdr: bool,
     /// RX frames written as a sender's batch does: used entries first, the used
-    /// index published after the frame (`write_frame_in` without `publish`).
+    /// index published after the frame (`write_frame_in` without `publish`). TX:
+    /// long chains are taken as one-copy frames (`TxBatch::set_one_copy`).
     pub deferred: bool,
 }
 
@@ -311,6 +312,16 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
     let Some(pending) = pending else { return };
     assert_eq!(usize::from(pending), chains.len(), "chains available");
     let mut batch = TxBatch::new(FUZZ_BATCH_CHAINS, MAX_FRAME + HDR_LEN);
+    // `deferred` on TX: chains past a head's bytes are taken as one-copy frames.
+    batch.set_one_copy(mode.deferred.then_some(0));
+    let keep = |total: u64| {
+        let total = total as usize;
+        if mode.deferred && total > hdr_len + ONE_COPY_HEAD {
+            hdr_len + ONE_COPY_HEAD
+        } else {
+            total
+        }
+    };
     let mut wants = chains.iter();
     let mut left = pending;
     while left > 0 {
@@ -343,9 +354,28 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
             .collect();
         let used_at = split.next_used;
         let taken = batch.take(&mut split, &hm, left, hdr_len, usize::MAX);
-        assert!(taken.chains > 0, "a batch takes at least one chain");
-        assert_eq!(taken.chains, batch.frames.len());
-        left -= taken.chains as u16;
+        assert!(taken > 0, "a batch takes at least one chain");
+        assert_eq!(taken, batch.frames.len());
+        left -= taken as u16;
+        // What one-copy frames left in the guest's buffers, read before the chains
+        // go back (a used entry may land on a buffer).
+        let tails: Vec<Vec<u8>> = batch
+            .frames
+            .iter()
+            .map(|r| {
+                let Ok(f) = r else { return Vec::new() };
+                let mut b = Vec::new();
+                for &(addr, n) in &batch.pieces[f.tail.clone()] {
+                    let mut piece = vec![0u8; n as usize];
+                    m.read_slice(&mut piece, GuestAddress(addr))
+                        .expect("a tail piece is mapped");
+                    b.extend(piece);
+                }
+                assert_eq!(b.len(), f.tail_len);
+                b
+            })
+            .collect();
+        let bad_heads = batch.give_back(&mut split, &hm);
         // Where the next chain's bytes go: chains are laid out in ring order.
         let mut at = 0usize;
         let mut outside = 0usize;
@@ -369,17 +399,17 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
                     assert!(checked && !unmapped);
                     assert_eq!(f.start, at + hdr_len, "chain {k} is not where it belongs");
                     assert_eq!(
-                        (f.start + f.len - at) as u64,
+                        (f.start + f.len + f.tail_len - at) as u64,
                         total,
                         "frame is not the chain"
                     );
-                    assert!(f.len >= MIN_FRAME && f.len <= MAX_FRAME);
-                    // The bytes are the descriptors' bytes, in order.
-                    let mut off = at;
-                    for want in &before[k] {
-                        assert_eq!(&batch.arena[off..off + want.len()], &want[..]);
-                        off += want.len();
-                    }
+                    assert_eq!(f.tail_len > 0, keep(total) < total as usize);
+                    assert!(f.frame_len() >= MIN_FRAME && f.frame_len() <= MAX_FRAME);
+                    // The bytes are the descriptors' bytes, in order: those in the
+                    // arena, then those left in the guest's buffers.
+                    let mut got = batch.arena[at..f.start + f.len].to_vec();
+                    got.extend_from_slice(&tails[k]);
+                    assert_eq!(got, before[k].concat());
                     let mut raw = [0u8; HDR_LEN];
                     raw[..hdr_len].copy_from_slice(&batch.arena[at..at + hdr_len]);
                     assert_eq!(Ok(f.hdr), VirtioNetHdr::from_bytes(&raw));
@@ -406,7 +436,7 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
                 );
             }
             if checked {
-                at += total as usize;
+                at += keep(total);
             }
             // Its used entry names it, unless its head is outside the ring.
             if want.head < split.size {
@@ -419,7 +449,7 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
                 outside += 1;
             }
         }
-        assert_eq!(taken.bad_heads, outside);
+        assert_eq!(bad_heads, outside);
         let guard = (at + 64).min(batch.arena.len());
         assert!(
             batch.arena[at..guard].iter().all(|&b| b == 0xa5),

@@ -132,6 +132,11 @@ const COUNTERS: &[CounterFamily] = &[
         value: |s| s.gro_segments,
     },
     CounterFamily {
+        name: "rx_one_copy_total",
+        help: "Frames written into a guest straight from another guest's buffers (one copy).",
+        value: |s| s.rx_one_copy,
+    },
+    CounterFamily {
         name: "tx_holds_total",
         help: "Times a port's TX queue was held for its rate= or a destination's rx_rate=.",
         value: |s| s.tx_holds,

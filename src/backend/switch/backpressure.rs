@@ -300,6 +300,7 @@ impl Held {
                     let frame = Frame {
                         hdr: h.hdr,
                         parts: &parts,
+                        guest: None,
                         len: h.bytes.len(),
                         dst: h.dst_mac,
                         src: h.src_mac,

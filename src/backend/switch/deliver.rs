@@ -10,6 +10,7 @@ use super::write_batch::WriteBatch;
 use super::{SwitchPort, SwitchUplink};
 use crate::features::Caps;
 use crate::frame::Frame;
+use crate::ring::tx::GuestTail;
 use crate::segment::gro::{Coalescer, Kinds, Merged, Offer};
 use crate::segment::{CsumMode, SegmentOpts, Segmenter};
 use crate::stats::{Counters, DropReason};
@@ -35,6 +36,22 @@ pub trait Destination {
     fn rx_charge(&self, _wire: usize) {}
     /// Hands over one frame through queue `queue`; on failure, why.
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason>;
+    /// Whether it can take, through `queue` now, a one-copy frame as it is: its
+    /// bytes copied straight from the sending guest's buffers into its own.
+    fn takes_guest_bytes(&self, _queue: usize) -> bool {
+        false
+    }
+    /// `send` for a one-copy frame: `head`, then `tail` from the sender's buffers.
+    /// Called only where `takes_guest_bytes` said yes.
+    fn send_guest(
+        &self,
+        _queue: usize,
+        _hdr: &VirtioNetHdr,
+        _head: &[&[u8]],
+        _tail: &GuestTail,
+    ) -> Result<(), DropReason> {
+        Err(DropReason::BadAddress)
+    }
     fn stats(&self) -> &Counters;
 }
 
@@ -121,7 +138,7 @@ fn gro_kinds(caps: Caps) -> Kinds {
 
 /// Whether GRO applies to a guest port: it asks for it, takes TSO or USO with
 /// checksum offload, and has no `max_burst` (which would cut the frame again).
-fn gro_applies(port: &dyn SwitchPort, caps: Caps) -> bool {
+pub fn gro_applies(port: &dyn SwitchPort, caps: Caps) -> bool {
     port.gro() && caps.csum && gro_kinds(caps).any() && port.max_burst().is_none()
 }
 
@@ -165,6 +182,9 @@ pub struct DeliverCtx {
     /// The sender's segment budget, charged for each frame segmented in software
     /// (never for one that leaves intact).
     pub segment_charge: Option<Arc<dyn SegmentCharge>>,
+    /// Where a one-copy frame is made whole for a destination that cannot take
+    /// it as it is (grown to the largest frame once, then kept).
+    pub whole: Vec<u8>,
     /// The time read once per batch for the FDB (a clock read is a system call where
     /// the vDSO has no usable clock, as in a Xen PV dom0; ages count in seconds), and
     /// how many frames have used it.
@@ -260,7 +280,8 @@ impl DeliverCtx {
 
     /// Offers `frame` for guest `port`'s queue `queue` to GRO. True: taken (it leaves
     /// with a later frame or at the end of the batch); false: the caller delivers it,
-    /// after whatever GRO had to hand over first to keep its flow in order.
+    /// after whatever GRO had to hand over first to keep its flow in order. A GSO
+    /// frame is never taken and only its headers are read (a one-copy frame's head).
     pub fn gro_offer(&mut self, port: &Arc<dyn SwitchPort>, queue: usize, frame: &Frame) -> bool {
         let caps = port.caps();
         if !gro_applies(port.as_ref(), caps) {
@@ -377,11 +398,28 @@ pub fn deliver(
     let max = dst.max_burst();
     let stats = dst.stats();
     let path = choose(&frame.hdr, caps, max.is_some());
+    if frame.guest.is_some() && !(path == Path::Intact && dst.takes_guest_bytes(queue)) {
+        // The switch makes such a frame whole before it comes here (`Switch::forward`):
+        // part of a frame is never sent.
+        debug_assert!(
+            false,
+            "a one-copy frame reached a path that reads its bytes"
+        );
+        stats.drop(DropReason::BadAddress);
+        return Outcome {
+            path: Path::Dropped(DropReason::BadAddress),
+            sent: 0,
+        };
+    }
     match path {
         Path::Intact if skip > 0 => Outcome { path, sent: skip },
         Path::Intact => {
             let hdr = rx_header(&frame.hdr, caps);
-            match dst.send(queue, &hdr, frame.parts) {
+            let sent = match &frame.guest {
+                Some(tail) => dst.send_guest(queue, &hdr, frame.parts, tail),
+                None => dst.send(queue, &hdr, frame.parts),
+            };
+            match sent {
                 Ok(()) => {
                     stats.rx_intact(frame.len, hdr.gso.is_gso());
                     Outcome { path, sent: 1 }

@@ -661,11 +661,55 @@ impl Switch {
 
     /// Routes and delivers one frame from `src` (arriving on its queue `queue`);
     /// nothing waits for a full RX queue.
+    ///
+    /// A one-copy frame (`Frame::guest`) is routed by the headers it keeps and goes
+    /// on as it is to a guest that takes it intact; it is made whole once here for a
+    /// flood or a source whose frames may be retagged, and in `deliver_in` for any
+    /// other destination.
     pub fn forward(&self, src: Endpoint, queue: usize, frame: &Frame, ctx: &mut DeliverCtx) {
-        let mut views = ViewBuf::default();
-        if let Some(route) = self.route(src, frame, &mut views, ctx.now()) {
-            self.send(&route, queue, ctx, OnFull::Count);
+        if frame.guest.is_some() && !matches!(self.topo.load().attach(src), Attach::Untagged) {
+            Self::made_whole(frame, ctx, |whole, ctx| {
+                self.forward(src, queue, whole, ctx);
+                Some(())
+            });
+            return;
         }
+        let mut views = ViewBuf::default();
+        let Some(route) = self.route(src, frame, &mut views, ctx.now()) else {
+            return;
+        };
+        if frame.guest.is_some() && route.known.is_none() {
+            Self::made_whole(frame, ctx, move |whole, ctx| {
+                // An untagged-domain frame: every destination sees it as it is.
+                let route = Route {
+                    untagged: Some(*whole),
+                    tagged: Some(*whole),
+                    ..route
+                };
+                self.send(&route, queue, ctx, OnFull::Count)
+            });
+            return;
+        }
+        self.send(&route, queue, ctx, OnFull::Count);
+    }
+
+    /// Runs `then` with `frame` made whole in the sender's `DeliverCtx::whole`.
+    /// `None` if the sender's buffers could not be read.
+    fn made_whole<T>(
+        frame: &Frame,
+        ctx: &mut DeliverCtx,
+        then: impl FnOnce(&Frame, &mut DeliverCtx) -> Option<T>,
+    ) -> Option<T> {
+        let mut buf = std::mem::take(&mut ctx.whole);
+        let out = match frame.gather(&mut buf) {
+            Ok(()) => {
+                let parts = [&buf[..frame.len]];
+                then(&frame.made_whole(&parts), ctx)
+            }
+            Err(_) => None,
+        };
+        ctx.whole = buf;
+        out
     }
 
     /// Delivers `frame` (the view for `dst`) to the one destination `dst`, skipping
@@ -692,6 +736,19 @@ impl Switch {
         on_full: OnFull,
         skip: usize,
     ) -> Option<Outcome> {
+        if frame.guest.is_some() && !Self::takes_as_is(t, dst, queue, frame) {
+            let out = Self::made_whole(frame, ctx, |whole, ctx| {
+                Self::deliver_in(t, dst, queue, whole, ctx, on_full, skip)
+            });
+            return out.or_else(|| {
+                let reason = DropReason::BadAddress;
+                t.counters(dst)?.drop(reason);
+                Some(Outcome {
+                    path: deliver::Path::Dropped(reason),
+                    sent: 0,
+                })
+            });
+        }
         match dst {
             Endpoint::Port(i) => {
                 let port = &t.port(i)?.port;
@@ -768,6 +825,19 @@ impl Switch {
                 Some(out)
             }
         }
+    }
+
+    /// Whether `dst` takes the one-copy `frame` as it is: a guest port it goes to
+    /// intact without a pacer holding it, and that GRO does not coalesce it into (a
+    /// GSO frame never is: GRO reads its headers only, which its head holds).
+    fn takes_as_is(t: &Topology, dst: Endpoint, queue: usize, frame: &Frame) -> bool {
+        let Endpoint::Port(i) = dst else { return false };
+        let Some(slot) = t.port(i) else { return false };
+        let port = slot.port.as_ref();
+        let caps = port.caps();
+        deliver::choose(&frame.hdr, caps, port.max_burst().is_some()) == deliver::Path::Intact
+            && (frame.hdr.gso.is_gso() || !deliver::gro_applies(port, caps))
+            && port.takes_guest_bytes(queue)
     }
 
     /// Sends frames for `mac` to port `id` from the start, in every domain the port

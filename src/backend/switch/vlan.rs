@@ -205,6 +205,7 @@ mod tests {
         Frame {
             hdr,
             parts,
+            guest: None,
             len: parts.iter().map(|p| p.len()).sum(),
             dst: Default::default(),
             src: Default::default(),

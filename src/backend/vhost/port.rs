@@ -25,6 +25,7 @@ use crate::l2::{Mac, Vid, VlanSet};
 use crate::ring::host::HostMem;
 use crate::ring::rx::{self, RxError, RxFormat, RxScratch, Source};
 use crate::ring::split::SplitRing;
+use crate::ring::tx::GuestTail;
 use crate::ring::GuestMem;
 use crate::stats::{Counters, DropReason};
 use crate::vnet_hdr::VirtioNetHdr;
@@ -495,7 +496,7 @@ impl Port {
                 return;
             }
             for w in due.drain(..) {
-                if let Err(r) = self.write_now(pair, &w.hdr, &[&w.data]) {
+                if let Err(r) = self.write_now(pair, &w.hdr, Source::Own(&[&w.data])) {
                     self.stats.drop(r);
                 }
             }
@@ -503,18 +504,19 @@ impl Port {
         }
     }
 
-    /// Writes one frame for the guest now (`Destination::send` once paced).
+    /// Writes one frame for the guest now (`Destination::send` once paced, or
+    /// `send_guest`).
     fn write_now(
         &self,
         queue: usize,
         hdr: &VirtioNetHdr,
-        parts: &[&[u8]],
+        src: Source<'_>,
     ) -> Result<(), DropReason> {
         // A guest that has not read its queue for a while costs O(1) until it kicks.
         if self.stall.stalled() {
             return Err(DropReason::RxQueueStalled);
         }
-        match self.receive(queue, hdr, parts) {
+        match self.receive_from(queue, hdr, src) {
             Ok(()) => Ok(()),
             // Not worth waiting for: the guest has not read its queue for a while.
             Err(RxError::NoBuffers) if self.stall.stalled() => Err(DropReason::RxQueueStalled),
@@ -607,16 +609,37 @@ impl Destination for Port {
         let pair = queue % self.rx.len();
         if !self.rx_limited.load(Ordering::Acquire) && !self.pacer.busy(pair) {
             // No rate and nothing waiting: no clock, no pacer lock.
-            return self.write_now(pair, hdr, parts);
+            return self.write_now(pair, hdr, Source::Own(parts));
         }
         match self
             .pacer
             .admit(pair, self.rx_bytes_per_sec(), hdr, parts, Instant::now())
         {
-            Admit::Now => self.write_now(pair, hdr, parts),
+            Admit::Now => self.write_now(pair, hdr, Source::Own(parts)),
             Admit::Queued => Ok(()),
             Admit::Full => Err(DropReason::RateLimited),
         }
+    }
+
+    fn takes_guest_bytes(&self, queue: usize) -> bool {
+        // A paced frame waits in gsonet's memory: it is made whole first.
+        !self.rx_limited.load(Ordering::Acquire) && !self.pacer.busy(queue % self.rx.len())
+    }
+
+    fn send_guest(
+        &self,
+        queue: usize,
+        hdr: &VirtioNetHdr,
+        head: &[&[u8]],
+        tail: &GuestTail,
+    ) -> Result<(), DropReason> {
+        // (A rate set since `takes_guest_bytes` said yes lets this one frame through
+        // unpaced.)
+        let r = self.write_now(queue, hdr, Source::Guest { head, tail });
+        if r.is_ok() {
+            self.stats.rx_one_copy.fetch_add(1, Ordering::Relaxed);
+        }
+        r
     }
 
     fn stats(&self) -> &Counters {

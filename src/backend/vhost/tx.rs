@@ -14,14 +14,16 @@ use super::port::{Port, Vring};
 use crate::backend::switch::deliver::{DeliverCtx, SegmentCharge};
 use crate::backend::switch::{Endpoint, Switch};
 use crate::features::Caps;
-use crate::frame::validate::tx_frame;
+use crate::frame::validate::{tx_frame, tx_frame_tail};
+use crate::frame::Frame;
 use crate::ring::host::HostMem;
 use crate::ring::split::SplitRing;
-use crate::ring::tx::{self, TxBatch, TxError};
+use crate::ring::tx::{self, GuestTail, TxBatch, TxError};
 use crate::ring::GuestMem;
+use crate::segment::parse;
 use crate::stats::DropReason;
 use crate::sys::timer::OneShotTimer;
-use crate::vnet_hdr::HDR_LEN;
+use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
 /// How many TX chains one pass handles before signalling the guest.
 const TX_BATCH: usize = 256;
@@ -42,6 +44,10 @@ pub struct TxWorker {
     pub timer: Option<OneShotTimer>,
     pub completion: TxCompletion,
 }
+
+/// Frames of this many bytes or more go guest to guest with one copy: below it, a
+/// second copy of a few cache lines costs less than the pieces' bookkeeping.
+const ONE_COPY_FROM: usize = 512;
 
 impl Default for TxWorker {
     fn default() -> Self {
@@ -93,32 +99,35 @@ pub enum DrainEnd {
     Held,
 }
 
-/// How one batch was taken off the ring.
+/// How one batch went.
 enum Take {
     /// Not (or no longer) set up and enabled: nothing to pop, and not a fault.
     Stopped,
     /// The avail index is more than a queue ahead of what was popped.
     Broken,
-    /// This many chains were taken (copied out and already handed back).
+    /// This many chains were taken, sent on and handed back.
     Chains(usize),
 }
 
-/// Takes up to `max` chains under one hold of the vring's lock: each is walked,
-/// checked and copied into the worker's arena, then all are handed back (used
-/// entries, one used index store) before any is sent. A frontend stopping the queue
-/// (GET_VRING_BASE, SET_VRING_ENABLE 0) takes the lock's write side, so it sees
-/// either nothing of the batch or all of it, and never a used index short of what
-/// was consumed. The frames are in gsonet's own memory from here on: if gsonet dies
-/// before sending them the guest's ring already says "sent", and the frontend's
-/// rewind cannot send them twice; a frame is lost at worst, never duplicated.
-fn take_batch(
-    port: &Port,
+/// Takes up to `max` chains, sends their frames on and hands the chains back, all
+/// under one hold of the vring's lock: each chain is walked, checked and copied into
+/// the worker's arena (a one-copy frame: its headers only), the frames go to the
+/// switch (a one-copy frame's other bytes straight from the guest's buffers into the
+/// receiver's), then every chain gets its used entry and the used index moves once.
+/// A chain goes back only after nothing reads its buffers any more. A frontend
+/// stopping the queue (GET_VRING_BASE, SET_VRING_ENABLE 0) takes the lock's write
+/// side, so it sees either nothing of the batch or all of it, and never a used index
+/// short of what was consumed. The lock is this queue's alone; what is done under it
+/// is bounded by the batch (`TX_BATCH` chains, `TX_ARENA` bytes).
+fn take_and_send(
+    s: &Sender,
     txq: &Vring,
     mem: &GuestMem,
     hdr_len: usize,
     w: &mut TxWorker,
     max: usize,
 ) -> Take {
+    let port = s.port;
     let mut st = txq.get_mut();
     if !st.get_queue().ready() || !st.is_enabled() {
         return Take::Stopped;
@@ -129,16 +138,20 @@ fn take_batch(
     let Some(pending) = ring.pending(&hm) else {
         return Take::Broken;
     };
-    let taken = w.batch.take(&mut ring, &hm, pending, hdr_len, max);
+    w.batch
+        .set_one_copy(port.cfg.one_copy.then_some(ONE_COPY_FROM));
+    let n = w.batch.take(&mut ring, &hm, pending, hdr_len, max);
+    send_batch(s, &hm, w);
+    let bad_heads = w.batch.give_back(&mut ring, &hm);
     let published = ring.publish_used(&hm);
     ring.store(q);
     drop(st);
-    if taken.bad_heads > 0 || !published {
+    if bad_heads > 0 || !published {
         if let Some(quiet) = port.log.allow() {
-            warn!(port = %port.name(), suppressed = quiet, bad_heads = taken.bad_heads, "TX chains could not be handed back (head outside the ring, or the used ring unmapped)");
+            warn!(port = %port.name(), suppressed = quiet, bad_heads, "TX chains could not be handed back (head outside the ring, or the used ring unmapped)");
         }
     }
-    Take::Chains(taken.chains)
+    Take::Chains(n)
 }
 
 /// Drains the TX queue of `pair`: every chain becomes a frame for the switch. With
@@ -157,6 +170,12 @@ pub fn drain(
         return DrainEnd::Kicks;
     };
     let neg = port.negotiated().unwrap_or_default();
+    let sender = Sender {
+        port,
+        switch,
+        pair,
+        tx_caps: neg.tx,
+    };
     let mut popped = 0;
     loop {
         let _ = txq.disable_notification();
@@ -177,7 +196,8 @@ pub fn drain(
                     break;
                 }
             }
-            let n = match take_batch(port, txq, &mem, neg.hdr_len(), w, max.min(TX_BATCH - done)) {
+            let max = max.min(TX_BATCH - done);
+            let n = match take_and_send(&sender, txq, &mem, neg.hdr_len(), w, max) {
                 Take::Stopped => return DrainEnd::Kicks,
                 Take::Broken => {
                     // Counted once per kick; the queue is not touched until it makes sense.
@@ -189,7 +209,6 @@ pub fn drain(
             if n == 0 {
                 break;
             }
-            send_batch(port, switch, pair, neg.tx, w);
             // Receivers see the batch (used indexes published, calls decided) before
             // the next one is taken: a chain the guest gets back after this batch's
             // chains came back follows their frames' delivery.
@@ -269,30 +288,92 @@ const WATCH_SPINS: usize = 64;
 /// the watch and would lose the CPU it spins on.
 const WATCH_AFTER: usize = 32;
 
+/// Who sends a batch's frames on: the port, through its queue pair `pair`, with
+/// the TX offloads it negotiated.
+struct Sender<'a> {
+    port: &'a Port,
+    switch: &'a Switch,
+    pair: usize,
+    tx_caps: Caps,
+}
+
+impl Sender<'_> {
+    /// Hands a checked frame to the switch, or counts why it was refused. Its
+    /// segment budget is charged where a destination needs the frame cut
+    /// (`DeliverCtx::segments_allowed`), not for frames that go intact.
+    fn forward(&self, checked: Result<Frame, DropReason>, ctx: &mut DeliverCtx) {
+        match checked {
+            Ok(frame) => {
+                self.port.tx_charge(frame.wire_len());
+                let src = Endpoint::Port(self.port.id);
+                self.switch.forward(src, self.pair, &frame, ctx)
+            }
+            Err(reason) => self.port.stats.drop(reason),
+        }
+    }
+}
+
 /// Checks each frame of the batch taken against what the guest negotiated and hands
 /// it to the switch.
-fn send_batch(port: &Port, switch: &Switch, pair: usize, tx_caps: Caps, w: &mut TxWorker) {
+fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
+    let port = s.port;
     let TxWorker { batch, ctx, .. } = w;
-    let TxBatch { arena, frames, .. } = batch;
+    let TxBatch {
+        arena,
+        frames,
+        pieces,
+        ..
+    } = batch;
     for read in frames.drain(..) {
-        match read {
-            Ok(f) => {
-                port.stats.tx(f.len);
-                let parts = [&arena[f.start..f.start + f.len]];
-                // Its segment budget is charged where a destination needs the frame
-                // cut (`DeliverCtx::segments_allowed`), not for frames that go intact.
-                match tx_frame(tx_caps, f.hdr, &parts) {
-                    Ok(frame) => {
-                        port.tx_charge(frame.wire_len());
-                        switch.forward(Endpoint::Port(port.id), pair, &frame, ctx)
-                    }
-                    Err(reason) => port.stats.drop(reason),
-                }
-            }
+        let f = match read {
+            Ok(f) => f,
             Err(e) => {
                 debug!(port = %port.name(), "dropping TX chain: {e}");
                 port.stats.drop(DropReason::from(&e as &TxError));
+                continue;
             }
+        };
+        port.stats.tx(f.frame_len());
+        let head = [&arena[f.start..f.start + f.len]];
+        if f.tail_len == 0 {
+            s.forward(tx_frame(s.tx_caps, f.hdr, &head), ctx);
+            continue;
+        }
+        let tail = GuestTail {
+            mem: *hm,
+            pieces: &pieces[f.tail.clone()],
+            len: f.tail_len,
+        };
+        match tx_frame_tail(s.tx_caps, f.hdr, &head, tail) {
+            Ok(frame) => s.forward(Ok(frame), ctx),
+            // Headers past the head, or a bad frame: judged again whole.
+            Err(_) => send_whole(s, f.hdr, &head, tail, ctx),
         }
     }
+}
+
+/// A one-copy frame whose head did not pass alone: copied whole and checked as any
+/// frame is.
+fn send_whole(
+    s: &Sender,
+    hdr: VirtioNetHdr,
+    head: &[&[u8]],
+    tail: GuestTail,
+    ctx: &mut DeliverCtx,
+) {
+    let mut buf = std::mem::take(&mut ctx.whole);
+    let n = head.iter().map(|p| p.len()).sum::<usize>();
+    let len = n + tail.len;
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    parse::gather(head, &mut buf[..n]);
+    match tail.read_into(&mut buf[n..len]) {
+        Ok(()) => {
+            let parts = [&buf[..len]];
+            s.forward(tx_frame(s.tx_caps, hdr, &parts), ctx);
+        }
+        Err(_) => s.port.stats.drop(DropReason::BadAddress),
+    }
+    ctx.whole = buf;
 }
