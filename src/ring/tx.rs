@@ -309,12 +309,14 @@ impl TxBatch {
             let end = walk_chain(hm, ring.desc, ring.size, head, qsize, walk);
             let bytes = chain_bytes(&walk[start..], end, qsize);
             if let Ok(total) = bytes {
-                if planned + keep(total) > arena.len() {
+                // A one-copy frame counts whole too: a batch holds as many bytes of
+                // the guest's frames either way, and its chains go back as soon.
+                if planned + total > arena.len() {
                     walk.truncate(start);
                     ring.unpop((heads.len() - i) as u16);
                     break;
                 }
-                planned += keep(total);
+                planned += total;
                 for d in &walk[start..] {
                     hm.prefetch(d.addr, d.len as usize);
                 }
