@@ -11,18 +11,21 @@ export GSONET_BIN
 # stays the user's own.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo env GSONET_BIN=$(GSONET_BIN))
 
-.PHONY: demo test test-full unit guest-tests bench capacity setup build lint completions man
+.PHONY: demo test test-full avocado unit guest-tests bench capacity setup build lint completions man
+
+# Each step prints one line; its full output goes to results/logs/<step>.log, printed
+# when it fails (scripts/step.sh). CI=true or VERBOSE=1 keeps it all on the console.
+STEP := bash scripts/step.sh
 
 setup:
-	$(SUDO) bash scripts/setup.sh
+	@$(STEP) setup "packages, QEMU 10, guest images (scripts/setup.sh)" -- $(SUDO) bash scripts/setup.sh
 
 # The hostile netfront of the Xen rig's test (examples/xen_netfront.rs) is built too.
 build:
-	$(CARGO) build --release
-	$(CARGO) build --release --example xen_netfront
+	@$(STEP) build "cargo build --release" -- sh -c '$(CARGO) build --release && $(CARGO) build --release --example xen_netfront'
 
 demo: setup build
-	$(SUDO) env SKIP_SETUP=1 SKIP_BUILD=1 bash scripts/demo.sh
+	@$(SUDO) env SKIP_SETUP=1 SKIP_BUILD=1 $(if $(VERBOSE),VERBOSE=$(VERBOSE)) bash scripts/demo.sh
 
 # Shell completions (bash, zsh, fish, elvish) and man pages, from the command
 # definitions: target/completions/, target/man/.
@@ -45,10 +48,11 @@ UNIT_RUNNER_VAR := CARGO_TARGET_$(shell rustc -vV 2>/dev/null | sed -n 's/^host:
 UNIT_RUNNER := $(if $(SUDO),$(UNIT_RUNNER_VAR)="sudo env $(foreach v,$(UNIT_ENV),$(if $($(v)),$(v)=$($(v))))")
 
 unit:
+	@$(STEP) build-tests "cargo test --release --no-run" -- $(CARGO) test --release --no-run
 	$(UNIT_RUNNER) $(CARGO) test --release
 
 guest-tests: build
-	$(SUDO) $(PYTEST) -q guest-tests -m "not full"
+	$(SUDO) $(PYTEST) guest-tests -m "not full"
 
 # test-full also runs the representative guest tests (negotiation, ethtool toggles,
 # iperf3 both ways, md5 transfers) on the second guest kernel, Debian 12's 6.1, all of
@@ -59,8 +63,16 @@ guest-tests: build
 GUEST_TESTS_6_1 ?= guest-tests/test_gsonet.py guest-tests/test_offload_matrix.py
 
 test-full: setup build unit
-	$(SUDO) $(PYTEST) -q guest-tests
-	$(SUDO) env GSONET_GUEST_KERNEL=6.1 $(PYTEST) -q $(GUEST_TESTS_6_1)
+	$(SUDO) $(PYTEST) guest-tests
+	$(SUDO) env GSONET_GUEST_KERNEL=6.1 $(PYTEST) $(GUEST_TESTS_6_1)
+	$(SUDO) python3 guest-tests/avocado/run.py
+
+# tp-qemu's own ethtool, jumbo and mac_change tests, unmodified, run by avocado-vt
+# (pinned, in guest-tests/.cache/avocado/venv) on a guest attached to gsonet with
+# -netdev vhost-user: guest-tests/avocado/. tp-qemu comes from AVOCADO_TP_QEMU=PATH
+# or ../shared/avocado/tp-qemu.tar.xz. Results: results/avocado-<timestamp>/.
+avocado: setup build
+	$(SUDO) $(if $(AVOCADO_TP_QEMU),env AVOCADO_TP_QEMU=$(AVOCADO_TP_QEMU)) python3 guest-tests/avocado/run.py
 
 # Micro-benchmark of the segmentation engine, then the side-by-side iperf3 run
 # (gsonet vs QEMU virtio-net + tap vs DPDK testpmd; SECONDS=3 REPEATS=1 for a smoke

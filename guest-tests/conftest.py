@@ -48,7 +48,47 @@ def record_measurement():
     return record
 
 
+DESELECTED: list = []
+
+
+def pytest_deselected(items):
+    DESELECTED.extend(items)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    _measurements_summary(terminalreporter)
+    _closing_summary(terminalreporter, config)
+
+
+def _closing_summary(tr, config) -> None:
+    """What ran, what was skipped and why, what was deselected and why, in a few
+    lines before pytest's own last line."""
+    stats = tr.stats
+    n = {k: len([r for r in stats.get(k, []) if getattr(r, "when", "call") in ("call", "setup")])
+         for k in ("passed", "failed", "error", "skipped")}
+    tr.section("what ran")
+    tr.write_line(f"guest tests ({paths.GUEST_KERNEL} guest): {n['passed']} passed, "
+                  f"{n['failed']} failed, {n['error']} errors, {n['skipped']} skipped; "
+                  f"logs: {paths.LOG_DIR}")
+    reasons: dict[str, int] = {}
+    for rep in stats.get("skipped", []):
+        why = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        why = why.removeprefix("Skipped: ")
+        reasons[why] = reasons.get(why, 0) + 1
+    for why, count in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        tr.write_line(f"  skipped {count}: {why}")
+    if DESELECTED:
+        expr = config.getoption("markexpr") or config.getoption("keyword") or ""
+        modules: dict[str, int] = {}
+        for item in DESELECTED:
+            modules[item.module.__name__] = modules.get(item.module.__name__, 0) + 1
+        per = ", ".join(f"{m} {c}" for m, c in sorted(modules.items()))
+        why = (" (marked `full`: extra guest boots and variants; `make test-full` runs "
+               "them, then the 6.1 guest and `make avocado`)" if "not full" in expr else "")
+        tr.write_line(f"deselected {len(DESELECTED)} by -m \"{expr}\"{why}: {per}")
+
+
+def _measurements_summary(terminalreporter) -> None:
     if not MEASUREMENTS:
         return
     # gsonet next to QEMU's built-in tap from the same run (test_baseline.py)

@@ -62,8 +62,33 @@ alike. A backend that fails is reported n/a with the reason and does not stop th
 """
 
 
+# --brief: the detail lines go to this file (OUT/measure.log), the console gets one
+# progress line per set-up and the summary.
+_LOG_FILE = None
+_BRIEF = False
+
+
 def log(msg: str) -> None:
-    print(f"[measure] {msg}", file=sys.stderr, flush=True)
+    if _LOG_FILE is not None:
+        _LOG_FILE.write(f"[measure] {msg}\n")
+        _LOG_FILE.flush()
+    if not _BRIEF:
+        print(f"[measure] {msg}", file=sys.stderr, flush=True)
+
+
+def progress(msg: str) -> None:
+    """A progress line, on the console in --brief mode too."""
+    if _LOG_FILE is not None:
+        _LOG_FILE.write(f"[measure] {msg}\n")
+        _LOG_FILE.flush()
+    print(f"[measure] {msg}", file=sys.stderr if not _BRIEF else sys.stdout, flush=True)
+
+
+def _left(done: list[float], remaining: int) -> str:
+    if not done:
+        return "first set-up, timing it"
+    secs = sum(done) / len(done) * remaining
+    return f"about {secs / 60:.0f} min left" if secs >= 90 else f"about {secs:.0f} s left"
 
 
 def _why(e: BaseException) -> str:
@@ -81,10 +106,14 @@ def run(args) -> dict:
     res: dict = {"runs": {}, "cost": {}, "latency": {}, "errors": {}, "commands": {},
                  "gsonet_stats": {}}
     logs = args.out / "logs" if args.out else None
+    total = args.repeats * len(args.topologies) * len(args.backends)
+    took: list[float] = []
     for r in range(args.repeats):
         for topo in args.topologies:
             for backend in args.backends:
-                log(f"round {r + 1}/{args.repeats}: {backend} {topo}")
+                t_setup = time.monotonic()
+                progress(f"round {r + 1}/{args.repeats} · {label(backend)} · {TOPO_LABEL[topo]} "
+                         f"({_left(took, total - len(took))})")
                 with tempfile.TemporaryDirectory(prefix="gsonet-measure-") as tmp:
                     try:
                         with Setup(backend, topo, Path(tmp), logs) as s:
@@ -94,8 +123,12 @@ def run(args) -> dict:
                                 # drops and GSO counters explain a surprising number
                                 res["gsonet_stats"][f"{backend}|{topo}|round{r + 1}"] = s.gsonet.stats()
                                 if args.gsonet_stats:
-                                    print(f"\ngsonet stats after round {r + 1} ({topo}):\n"
-                                          f"{s.gsonet.stats_text()}", flush=True)
+                                    text = (f"\ngsonet stats after round {r + 1} ({topo}):\n"
+                                            f"{s.gsonet.stats_text()}")
+                                    if _BRIEF and not args.verbose:
+                                        log(text)
+                                    else:
+                                        print(text, flush=True)
                     except Exception as e:  # noqa: BLE001 - one backend never stops the others
                         log(f"  {backend} {topo}: setup failed: {_why(e)}")
                         if args.verbose:
@@ -103,6 +136,7 @@ def run(args) -> dict:
                         for case in CASES[topo]:
                             for on in OFFLOADS[args.offloads]:
                                 res["errors"].setdefault(key(case, on, backend), _why(e))
+                took.append(time.monotonic() - t_setup)
     return res
 
 
@@ -334,7 +368,12 @@ def parse_args(argv: list[str] | None = None, description: str = __doc__,
     ap.add_argument("--host-profile", action="store_true",
                     help="sample every host CPU with `perf record -a` during each run and "
                          "split the host's busy CPU seconds per GB by process and code")
-    ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--brief", action="store_true",
+                    help="(make demo) one progress line per set-up, then the throughput table, "
+                         "the latency line and a chart; the detail (per GB, latency "
+                         "percentiles, gsonet stats) goes to OUT/measure.log and OUT/table.md")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="with --brief: the detail on the console too")
     ap.set_defaults(**defaults)
     args = ap.parse_args(argv)
     # "+" joins the port options of one gsonet variant ("," separates backends)
@@ -351,13 +390,48 @@ def parse_args(argv: list[str] | None = None, description: str = __doc__,
     return args
 
 
+def _chart(rows: list[dict], args) -> str:
+    """The bar chart of make bench for these rows: 'chart: PATH' or why there is none."""
+    import bench  # noqa: PLC0415 - bench imports this module
+    path = args.out / "throughput.png"
+    try:
+        why = bench.chart(rows, args, path)
+    except Exception as e:  # noqa: BLE001 - the table is the result; the chart is extra
+        why = _why(e)
+    return f"chart: {path}" if why is None else f"no chart: {why}"
+
+
+def latency_line(res: dict, args) -> str:
+    """One line: each backend's median p50 round trip on the first topology, and its
+    ratio to QEMU's built-in virtio-net."""
+    topo = args.topologies[0]
+    base = median_cost(res["latency"].get(f"{topo}|{BASELINE}", []))
+    parts = []
+    for b in args.backends:
+        lat = median_cost(res["latency"].get(f"{topo}|{b}", []))
+        if not lat:
+            parts.append(f"{label(b)} n/a")
+            continue
+        ratio = (f" ({lat['p50_us'] / base['p50_us']:.2f}x QEMU's)"
+                 if base and b != BASELINE else "")
+        parts.append(f"{label(b)} {lat['p50_us']:.0f} µs{ratio}")
+    return (f"latency, 1-byte TCP round trip {TOPO_LABEL[topo]}, p50: " + ", ".join(parts))
+
+
 def measure(args) -> list[dict]:
     """Runs the measurement, prints the table, writes results.json and table.md to
     ``args.out`` (when set); returns the summary rows."""
+    global _LOG_FILE, _BRIEF
     if os.geteuid() != 0:
         sys.exit("measuring needs root (taps, bridges, QEMU networking)")
     if not paths.image_ready():
         paths.build_image()
+    if args.brief:
+        if args.out is None:
+            sys.exit("--brief needs --out (where the detail goes)")
+        args.out.mkdir(parents=True, exist_ok=True)
+        _LOG_FILE = open(args.out / "measure.log", "w", encoding="utf-8")
+        _BRIEF = not args.verbose
     stamp = time.strftime("%Y%m%d-%H%M%S")
     t0 = time.monotonic()
     res = run(args)
@@ -375,6 +449,20 @@ def measure(args) -> list[dict]:
              "gsonet_stats": res["gsonet_stats"]}, indent=2) + "\n")
         (args.out / "table.md").write_text(
             "\n\n".join(t for t in (table, costs, split, latency) if t) + "\n")
+    if args.brief and not args.verbose:
+        print(f"\niperf3 TCP, {args.seconds:g} s per test, median of {args.repeats}; "
+              f"ratio = backend / QEMU built-in, same run\n")
+        print(table)
+        if args.latency:
+            print("\n" + latency_line(res, args))
+        print(_chart(rows, args))
+        if BASELINE in args.backends and len(args.backends) > 1:
+            print("ratio: a backend's Gbit/s over QEMU's built-in virtio-net's, measured in "
+                  "the same run on this machine: above 1 it moved more (for latency, above 1 "
+                  "is slower); TCG guests, so the ratio means something, the absolute "
+                  "numbers little.")
+        print(f"detail (per GB costs, latency percentiles, gsonet stats, logs): {args.out}/")
+        return rows
     print(f"\niperf3 TCP, {args.seconds:g} s per test, median of {args.repeats}; "
           f"ratio = backend / QEMU built-in, same run\n")
     print(table)
