@@ -112,7 +112,7 @@ def run(args) -> dict:
         for topo in args.topologies:
             for backend in args.backends:
                 t_setup = time.monotonic()
-                progress(f"round {r + 1}/{args.repeats} · {label(backend)} · {TOPO_LABEL[topo]} "
+                progress(f"round {r + 1}/{args.repeats} · {label(backend)} · {TOPO_LABEL.get(topo, topo)} "
                          f"({_left(took, total - len(took))})")
                 with tempfile.TemporaryDirectory(prefix="gsonet-measure-") as tmp:
                     try:
