@@ -7,6 +7,8 @@
 # Output: guest-tests/.cache/avocado/{bzImage,initramfs.cpio.gz,stamp}; rebuilt only
 # when this script, the init or the gsonet guest image change (FORCE=1 rebuilds).
 # root's password in the guest is `gsonet` (a test guest on a host-only network).
+# bash's bracketed paste is off: its escape codes before the prompt would hide the
+# prompt from avocado-vt's shell_prompt on the serial console.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -49,6 +51,7 @@ mmdebstrap --variant=minbase --include="$PACKAGES" \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
     --customize-hook='echo root:gsonet | chroot "$1" chpasswd' \
     --customize-hook='printf "PermitRootLogin yes\nPasswordAuthentication yes\nUseDNS no\n" > "$1/etc/ssh/sshd_config.d/gsonet.conf"' \
+    --customize-hook='echo "set enable-bracketed-paste off" >> "$1/etc/inputrc"' \
     --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
     bookworm "$T" "$SOURCES"
 
