@@ -302,6 +302,13 @@ fn print_stats(r: &control::protocol::StatsReport) {
             println!("  guest sends: {tx:?}");
             println!("  guest takes: {rx:?}");
         }
+        if p.mem_regions > 0 {
+            println!(
+                "  memory: {} regions, {} MiB mapped",
+                p.mem_regions,
+                p.mem_bytes >> 20
+            );
+        }
         print_counters(s);
     }
     for u in &r.uplinks {

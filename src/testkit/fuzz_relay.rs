@@ -10,9 +10,13 @@
 //!   SET_PROTOCOL_FEATURES goes on carrying only offered bits;
 //! - every ring index admitted is below the port's queue count, and the early
 //!   SET_VRING_ENABLE table never holds more than one entry per queue;
-//! - memory checks name exactly one region per descriptor, none empty or wrapping, and
-//!   regions mapped through ADD_MEM_REG never exceed MAX_MEM_SLOTS;
-//! - a refused message changes nothing (the region count included);
+//! - memory checks name exactly one region per descriptor, none empty or wrapping;
+//!   the regions mapped (a table, then ADD_MEM_REG and REM_MEM_REG, modelled here on
+//!   their own) never exceed MAX_MEM_SLOTS, never overlap in guest or frontend
+//!   addresses, and a REM_MEM_REG is admitted only for a region mapped now (guest
+//!   address, size and user address), with no descriptor or one that is closed;
+//!   GET_MAX_MEM_SLOTS is answered by the relay;
+//! - a refused message changes nothing (the regions included);
 //! - migration: SET_LOG_BASE and SET_LOG_FD only with LOG_SHMFD, SEND_RARP only with
 //!   RARP; a log admitted is non-empty, at most MAX_LOG, page-aligned, does not wrap
 //!   and covers every region mapped since the last table (as the input itself
@@ -89,6 +93,34 @@ fn end_of(b: &[u8]) -> u64 {
     u64_at(b, 0).saturating_add(u64_at(b, 8))
 }
 
+/// A region as the model keeps it: guest address, size, user address.
+type Reg = (u64, u64, u64);
+
+fn reg_at(b: &[u8]) -> Reg {
+    (u64_at(b, 0), u64_at(b, 8), u64_at(b, 16))
+}
+
+/// Whether two regions share a guest or a frontend address (sizes checked to wrap
+/// nothing).
+fn overlap(a: Reg, b: Reg) -> bool {
+    let meet = |x: u64, y: u64| {
+        (x as u128) < y as u128 + b.1 as u128 && (y as u128) < x as u128 + a.1 as u128
+    };
+    meet(a.0, b.0) || meet(a.2, b.2)
+}
+
+/// Checks a region admitted into the map `mapped`: not empty, not wrapping, and
+/// clear of every region mapped.
+fn admit_region(r: Reg, offset: u64, mapped: &[Reg]) {
+    assert!(r.1 > 0, "empty region {r:x?}");
+    for a in [r.0, r.2, offset] {
+        assert!(a.checked_add(r.1).is_some(), "wrapping region {r:x?}");
+    }
+    if let Some(o) = mapped.iter().find(|&&o| overlap(r, o)) {
+        panic!("region {r:x?} overlaps {o:x?}");
+    }
+}
+
 fn u32_at(p: &[u8], i: usize) -> u32 {
     p.get(i..i + 4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -105,8 +137,8 @@ pub fn fuzz_one(data: &[u8]) {
         protocol_features: u64::from_le_bytes(data[1..9].try_into().unwrap()),
     };
     let mut fw = Firewall::new(policy);
-    // ADD_MEM_REG minus REM_MEM_REG since the last memory table, as the spec counts them.
-    let mut slots: usize = 0;
+    // The regions mapped: the last table's, then those added and not removed.
+    let mut mapped: Vec<Reg> = Vec::new();
     // The highest guest address mapped since the last memory table.
     let mut mem_end: u64 = 0;
     let mut rest = &data[9..];
@@ -146,6 +178,11 @@ pub fn fuzz_one(data: &[u8]) {
                 acked, acked_before,
                 "a refused message changed the features"
             );
+            assert_eq!(
+                fw.regions(),
+                mapped.len(),
+                "a refused message changed the regions"
+            );
             continue;
         };
         assert!(
@@ -180,15 +217,24 @@ pub fn fuzz_one(data: &[u8]) {
                 assert!(fds <= 1);
             }
             req::SET_MEM_TABLE => {
-                slots = fds;
+                mapped.clear();
+                for k in 0..fds {
+                    let b = &payload[8 + 32 * k..];
+                    let r = reg_at(b);
+                    admit_region(r, u64_at(b, 24), &mapped);
+                    mapped.push(r);
+                }
                 mem_end = (0..fds)
                     .map(|k| end_of(&payload[8 + 32 * k..]))
                     .max()
                     .unwrap_or(0);
             }
             req::ADD_MEM_REG => {
-                slots += 1;
+                let r = reg_at(&payload[8..]);
+                admit_region(r, u64_at(&payload, 32), &mapped);
+                mapped.push(r);
                 mem_end = mem_end.max(end_of(&payload[8..]));
+                assert_eq!(fds, 1);
             }
             req::SET_LOG_BASE => {
                 let (size, offset) = (u64_at(&payload, 0), u64_at(&payload, 8));
@@ -204,13 +250,25 @@ pub fn fuzz_one(data: &[u8]) {
                 }
                 assert_eq!(fds, 1);
             }
-            req::REM_MEM_REG => slots = slots.saturating_sub(1),
+            req::REM_MEM_REG => {
+                let r = reg_at(&payload[8..]);
+                let k = mapped
+                    .iter()
+                    .position(|&m| m == r)
+                    .unwrap_or_else(|| panic!("removed {r:x?}, which is not mapped"));
+                mapped.swap_remove(k);
+                assert!(fds <= 1);
+                let close = Verdict::Forward(FdCheck::Close);
+                assert_eq!(fds == 1, verdict == close, "{verdict:?} with {fds}");
+            }
             _ => {}
         }
         assert!(
-            slots <= MAX_MEM_SLOTS.max(MAX_FDS),
-            "{slots} regions mapped"
+            mapped.len() <= MAX_MEM_SLOTS.max(MAX_FDS),
+            "{} regions mapped",
+            mapped.len()
         );
+        assert_eq!(fw.regions(), mapped.len());
         match verdict {
             Verdict::Forward(FdCheck::Memory(regions)) => {
                 assert!(matches!(request, req::SET_MEM_TABLE | req::ADD_MEM_REG));
@@ -241,7 +299,13 @@ pub fn fuzz_one(data: &[u8]) {
                 assert_eq!(fds, 1);
             }
             Verdict::Forward(FdCheck::None) => assert_eq!(fds, 0, "request {request}"),
+            Verdict::Forward(FdCheck::Close) => {
+                assert_eq!((request, fds), (req::REM_MEM_REG, 1))
+            }
             Verdict::Early => assert_eq!(request, req::SET_VRING_ENABLE),
+            Verdict::MaxMemSlots => {
+                assert_eq!((request, fds), (req::GET_MAX_MEM_SLOTS, 0))
+            }
         }
     }
 }
@@ -297,6 +361,33 @@ pub fn seeds() -> Vec<Vec<u8>> {
     let flood: Vec<Msg> = std::iter::once(m(req::SET_PROTOCOL_FEATURES, &all, 0))
         .chain((0..40).map(|_| m(req::ADD_MEM_REG, &add, 1)))
         .collect();
+    // Hotplug as QEMU does it, then a storm: the same region added and removed,
+    // one removed twice, one overlapping, one named by the wrong size, REM with a
+    // descriptor, and adds past the bound.
+    let reg = |gpa: u64, size: u64, uaddr: u64| {
+        let mut p = vec![0u8; 8];
+        p.extend([gpa, size, uaddr, 0].iter().flat_map(|x| x.to_le_bytes()));
+        p
+    };
+    let dimm = reg(1 << 32, 128 << 20, 0x7f10_0000_0000);
+    let mut storm = vec![
+        m(req::SET_PROTOCOL_FEATURES, &all, 0),
+        m(req::GET_MAX_MEM_SLOTS, &[], 0),
+        m(req::ADD_MEM_REG, &reg(0, 512 << 20, 0x7f00_0000_0000), 1),
+    ];
+    for _ in 0..8 {
+        storm.push(m(req::ADD_MEM_REG, &dimm, 1));
+        storm.push(m(req::REM_MEM_REG, &dimm, 0));
+    }
+    storm.extend([
+        m(req::ADD_MEM_REG, &dimm, 1),
+        m(req::REM_MEM_REG, &dimm, 1),
+        m(req::REM_MEM_REG, &dimm, 0),
+        m(req::ADD_MEM_REG, &reg(1 << 32, 4096, 0x7f20_0000_0000), 1),
+        m(req::ADD_MEM_REG, &reg(2 << 32, 4096, 0x7f10_0000_0000), 1),
+        m(req::REM_MEM_REG, &reg(1 << 32, 8192, 0x7f20_0000_0000), 0),
+    ]);
+    storm.extend((3..80u64).map(|i| m(req::ADD_MEM_REG, &reg(i << 32, 4096, i << 40), 1)));
     let hostile = [
         m(req::SET_VRING_ENABLE, &state(4000, 1), 0),
         m(req::SET_VRING_KICK, &0xffu64.to_le_bytes(), 1),
@@ -316,6 +407,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         encode(4, 0, &qemu),
         encode(2, migration_offer, &migration),
         encode(2, offer, &migration),
+        encode(2, offer | proto::CONFIGURE_MEM_SLOTS, &storm),
     ]
 }
 

@@ -112,6 +112,11 @@ pub struct PortReport {
     /// Access VLAN; absent: the untagged domain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vlan: Option<u16>,
+    /// Guest memory mapped now: regions (SET_MEM_TABLE, ADD/REM_MEM_REG) and bytes.
+    #[serde(default)]
+    pub mem_regions: usize,
+    #[serde(default)]
+    pub mem_bytes: u64,
     pub stats: Snapshot,
 }
 
@@ -227,6 +232,8 @@ mod tests {
                 mrg_rxbuf: Some(true),
                 max_burst: None,
                 vlan: Some(10),
+                mem_regions: 3,
+                mem_bytes: 1 << 30,
                 stats: Snapshot::default(),
             }],
             uplinks: vec![UplinkReport {

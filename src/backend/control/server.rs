@@ -85,6 +85,8 @@ pub fn report(reg: &Registry) -> StatsReport {
                     mrg_rxbuf: n.map(|n| n.mrg_rxbuf),
                     max_burst: p.max_burst(),
                     vlan: p.cfg.vlan.map(|v| v.get()),
+                    mem_regions: p.mem_mapped().0,
+                    mem_bytes: p.mem_mapped().1,
                     stats: p.stats.snapshot(),
                 }
             })
@@ -115,6 +117,8 @@ fn vif_report(v: &Arc<VifPort>) -> PortReport {
         mrg_rxbuf: None,
         max_burst: None,
         vlan: None,
+        mem_regions: 0,
+        mem_bytes: 0,
         stats: v.stats.snapshot(),
     }
 }

@@ -37,11 +37,14 @@ pub struct PortBackend {
 
 /// The protocol features offered (the vhost crate adds REPLY_ACK itself). The relay
 /// refuses every request these do not permit. LOG_SHMFD (SET_LOG_BASE) and RARP
-/// (SEND_RARP, answered by the relay) are what a live migration needs.
+/// (SEND_RARP, answered by the relay) are what a live migration needs;
+/// CONFIGURE_MEM_SLOTS (ADD/REM_MEM_REG, GET_MAX_MEM_SLOTS answered by the relay)
+/// what memory hotplug and virtio-mem need.
 pub const PROTOCOL_FEATURES: VhostUserProtocolFeatures = VhostUserProtocolFeatures::MQ
     .union(VhostUserProtocolFeatures::REPLY_ACK)
     .union(VhostUserProtocolFeatures::LOG_SHMFD)
-    .union(VhostUserProtocolFeatures::RARP);
+    .union(VhostUserProtocolFeatures::RARP)
+    .union(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS);
 
 /// Listener id of the start-up event, past the queue and exit ids.
 fn hello_id(queue_pairs: usize) -> u64 {
@@ -216,6 +219,8 @@ impl VhostUserBackend for PortBackend {
         Ok(())
     }
 
+    /// SET_MEM_TABLE, ADD_MEM_REG, REM_MEM_REG: the crate replies once this returns,
+    /// and `set_mem` returns once no pass uses the memory as it was.
     fn update_memory(&self, mem: Mem) -> io::Result<()> {
         self.port.set_mem(mem);
         Ok(())

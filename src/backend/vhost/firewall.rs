@@ -53,9 +53,15 @@ pub mod proto {
 /// Regions one SET_MEM_TABLE may carry: VHOST_MEMORY_BASELINE_NREGIONS, the most QEMU
 /// and DPDK send without CONFIGURE_MEM_SLOTS.
 pub const MAX_TABLE_REGIONS: usize = 8;
-/// Regions mapped at once through ADD_MEM_REG. gsonet does not offer
-/// CONFIGURE_MEM_SLOTS; were it offered, this would still be the bound.
-pub const MAX_MEM_SLOTS: usize = 32;
+/// Regions a port maps at once (CONFIGURE_MEM_SLOTS: GET_MAX_MEM_SLOTS answers it,
+/// ADD_MEM_REG beyond it is refused). Each region holds one file descriptor and one
+/// mapping for as long as it is mapped, so this bounds what a frontend makes a port
+/// hold. 64, not the 509 of DPDK and the vhost crate: a guest needs one slot per
+/// boot memory block (1 to 3), one per pc-dimm (QEMU's `slots=`, at most 256 and in
+/// practice a few dozen), and virtio-mem with `dynamic-memslots=on` sizes its
+/// memslots (at least 1 GiB each) to the smallest limit among the guest's vhost
+/// devices, so a lower limit costs it nothing but larger slots.
+pub const MAX_MEM_SLOTS: usize = 64;
 /// struct vhost_user_memory_region: guest address, size, user address, mmap offset.
 const REGION: usize = 32;
 /// The largest payload of any request a frontend may send (a full SET_MEM_TABLE).
@@ -165,6 +171,9 @@ pub enum FdCheck {
     Memory(Vec<Region>),
     /// The dirty log's file (SET_LOG_BASE), reaching at least to the log's end.
     Log(Region),
+    /// One descriptor the request does not need (REM_MEM_REG from an older
+    /// frontend): closed, not passed on.
+    Close,
 }
 
 /// What the relay does with an admitted message.
@@ -183,6 +192,9 @@ pub enum Verdict {
     /// be told of log writes through; gsonet does not need it, so the relay checks it,
     /// closes it and answers the request itself.
     LogFd,
+    /// GET_MAX_MEM_SLOTS: the vhost crate would answer its own 509; the relay
+    /// answers MAX_MEM_SLOTS, the bound ADD_MEM_REG is held to.
+    MaxMemSlots,
 }
 
 #[derive(Clone, Copy)]
@@ -263,8 +275,8 @@ pub struct Firewall {
     /// The last state an early SET_VRING_ENABLE asked for, per ring (one entry per queue
     /// the port has, however many indexes a frontend tries).
     early: Vec<Option<u32>>,
-    /// Regions mapped now (SET_MEM_TABLE sets the count, ADD/REM_MEM_REG move it).
-    regions: usize,
+    /// Regions mapped now (SET_MEM_TABLE sets them, ADD/REM_MEM_REG change them).
+    regions: Vec<Mapped>,
     /// The highest guest address end of any region mapped since the last table: a
     /// dirty log must cover it.
     mem_end: u64,
@@ -277,7 +289,7 @@ impl Firewall {
             acked_protocol: 0,
             features_set: false,
             early: vec![None; policy.queues as usize],
-            regions: 0,
+            regions: Vec::new(),
             mem_end: 0,
         }
     }
@@ -285,6 +297,11 @@ impl Firewall {
     /// The bytes a dirty log needs to cover every region mapped so far.
     pub fn log_bytes_needed(&self) -> u64 {
         self.mem_end.div_ceil(LOG_BYTE_COVERS)
+    }
+
+    /// Regions mapped now.
+    pub fn regions(&self) -> usize {
+        self.regions.len()
     }
 
     /// The protocol features in force: what the frontend acked of what was offered.
@@ -384,7 +401,7 @@ impl Firewall {
         let saved = (
             self.acked_protocol,
             self.features_set,
-            self.regions,
+            self.regions.clone(),
             self.mem_end,
         );
         let early_before = self.early.clone();
@@ -431,30 +448,53 @@ impl Firewall {
                         payload.len()
                     )));
                 }
-                let regions = (0..n)
-                    .map(|k| region(&payload[8 + k * REGION..8 + (k + 1) * REGION]))
+                let mapped = (0..n)
+                    .map(|k| Mapped::parse(&payload[8 + k * REGION..8 + (k + 1) * REGION]))
                     .collect::<Result<Vec<_>, _>>()?;
+                for (k, r) in mapped.iter().enumerate() {
+                    if let Some(o) = mapped[..k].iter().find(|o| o.overlaps(r)) {
+                        return Err(overlap(r, o));
+                    }
+                }
                 expect_fds = n;
-                self.regions = n;
-                self.mem_end = (0..n)
-                    .map(|k| region_end(&payload[8 + k * REGION..]))
-                    .max()
-                    .unwrap_or(0);
-                check = FdCheck::Memory(regions);
+                self.mem_end = mapped.iter().map(Mapped::end).max().unwrap_or(0);
+                check = FdCheck::Memory(mapped.iter().map(|m| m.file).collect());
+                self.regions = mapped;
             }
             req::ADD_MEM_REG => {
-                if self.regions >= MAX_MEM_SLOTS {
+                if self.regions.len() >= MAX_MEM_SLOTS {
                     return Err(bad_payload(format!(
                         "a memory region beyond the {MAX_MEM_SLOTS} a frontend may map"
                     )));
                 }
-                let r = region(&payload[8..])?;
-                self.regions += 1;
-                self.mem_end = self.mem_end.max(region_end(&payload[8..]));
-                check = FdCheck::Memory(vec![r]);
+                let r = Mapped::parse(&payload[8..])?;
+                if let Some(o) = self.regions.iter().find(|o| o.overlaps(&r)) {
+                    return Err(overlap(&r, o));
+                }
+                self.regions.push(r);
+                self.mem_end = self.mem_end.max(r.end());
+                check = FdCheck::Memory(vec![r.file]);
             }
-            req::REM_MEM_REG => self.regions = self.regions.saturating_sub(1),
+            req::REM_MEM_REG => {
+                // Named by guest address, size and user address (the offset is
+                // ignored, as the spec says); it must be one mapped now.
+                let r = Mapped::parse(&payload[8..])?;
+                let Some(k) = self.regions.iter().position(|m| m.same(&r)) else {
+                    return Err(bad_payload(format!(
+                        "REM_MEM_REG of {}, which is not mapped",
+                        r
+                    )));
+                };
+                self.regions.swap_remove(k);
+                // No descriptor is due; one is tolerated (the spec lets a backend
+                // accept it from older frontends) and closed unused.
+                if fds == 1 {
+                    expect_fds = 1;
+                    verdict = Some(Verdict::Forward(FdCheck::Close));
+                }
+            }
             req::SET_LOG_BASE => check = FdCheck::Log(self.log(payload)?),
+            req::GET_MAX_MEM_SLOTS => verdict = Some(Verdict::MaxMemSlots),
             req::SET_LOG_FD => {
                 check = FdCheck::Eventfd;
                 verdict = Some(Verdict::LogFd);
@@ -515,21 +555,62 @@ impl Firewall {
     }
 }
 
-/// Where one struct vhost_user_memory_region ends in guest addresses.
-fn region_end(b: &[u8]) -> u64 {
-    u64_at(b, 0).saturating_add(u64_at(b, 8))
+/// A memory region as the frontend described it (struct vhost_user_memory_region).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Mapped {
+    gpa: u64,
+    uaddr: u64,
+    /// Where it lies in its file (its size is the region's).
+    file: Region,
 }
 
-/// One struct vhost_user_memory_region: no empty region, no address that wraps.
-fn region(b: &[u8]) -> Result<Region, Refusal> {
-    let (gpa, size, uaddr, offset) = (u64_at(b, 0), u64_at(b, 8), u64_at(b, 16), u64_at(b, 24));
-    let wraps = |a: u64| a.checked_add(size).is_none();
-    if size == 0 || wraps(gpa) || wraps(uaddr) || wraps(offset) {
-        return Err(bad_payload(format!(
-            "memory region of {size:#x} bytes at guest {gpa:#x}, user {uaddr:#x}, offset {offset:#x}"
-        )));
+impl Mapped {
+    /// One struct vhost_user_memory_region: no empty region, no address that wraps.
+    fn parse(b: &[u8]) -> Result<Mapped, Refusal> {
+        let (gpa, size, uaddr, offset) = (u64_at(b, 0), u64_at(b, 8), u64_at(b, 16), u64_at(b, 24));
+        let m = Mapped {
+            gpa,
+            uaddr,
+            file: Region { offset, size },
+        };
+        let wraps = |a: u64| a.checked_add(size).is_none();
+        if size == 0 || wraps(gpa) || wraps(uaddr) || wraps(offset) {
+            return Err(bad_payload(format!("{m}")));
+        }
+        Ok(m)
     }
-    Ok(Region { offset, size })
+
+    /// Where it ends in guest addresses.
+    fn end(&self) -> u64 {
+        self.gpa + self.file.size
+    }
+
+    /// Whether the two share a guest address or a frontend address: either would
+    /// make a guest address, or a ring address QEMU gives in its own addresses,
+    /// mean two places.
+    fn overlaps(&self, o: &Mapped) -> bool {
+        let meet = |a: u64, b: u64| a < b + o.file.size && b < a + self.file.size;
+        meet(self.gpa, o.gpa) || meet(self.uaddr, o.uaddr)
+    }
+
+    /// The same region for REM_MEM_REG: guest address, size and user address.
+    fn same(&self, o: &Mapped) -> bool {
+        (self.gpa, self.file.size, self.uaddr) == (o.gpa, o.file.size, o.uaddr)
+    }
+}
+
+impl std::fmt::Display for Mapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "memory region of {:#x} bytes at guest {:#x}, user {:#x}, offset {:#x}",
+            self.file.size, self.gpa, self.uaddr, self.file.offset
+        )
+    }
+}
+
+fn overlap(r: &Mapped, o: &Mapped) -> Refusal {
+    bad_payload(format!("{r} overlaps the {o}"))
 }
 
 #[cfg(test)]
@@ -837,10 +918,13 @@ mod tests {
                 .reason,
             DropReason::FrontendBadPayload
         );
+        let apart: Vec<[u64; 4]> = (0..MAX_TABLE_REGIONS as u64)
+            .map(|i| [i << 32, 4096, 0x7000_0000_0000 + (i << 32), 0])
+            .collect();
         assert!(admit(
             &mut fw,
             req::SET_MEM_TABLE,
-            table(&[r; MAX_TABLE_REGIONS]),
+            table(&apart),
             MAX_TABLE_REGIONS
         )
         .is_ok());
@@ -855,7 +939,10 @@ mod tests {
         let mut ack = proto::CONFIGURE_MEM_SLOTS.to_le_bytes().to_vec();
         fw.admit(&h(req::SET_PROTOCOL_FEATURES, 8), &mut ack, 0)
             .unwrap();
-        assert_eq!(admit(&mut fw, req::GET_MAX_MEM_SLOTS, vec![], 0), FWD);
+        assert_eq!(
+            admit(&mut fw, req::GET_MAX_MEM_SLOTS, vec![], 0),
+            Ok(Verdict::MaxMemSlots)
+        );
         let add = |i: u64| {
             let mut p = vec![0u8; 8];
             p.extend(
@@ -880,8 +967,178 @@ mod tests {
         );
         assert_eq!(admit(&mut fw, req::REM_MEM_REG, add(0), 0), FWD);
         assert!(admit(&mut fw, req::ADD_MEM_REG, add(0), 1).is_ok());
+        assert_eq!(fw.regions(), MAX_MEM_SLOTS);
         assert_eq!(
             admit(&mut fw, req::ADD_MEM_REG, add(1), 0),
+            Err(DropReason::FrontendBadPayload)
+        );
+    }
+
+    /// A firewall with CONFIGURE_MEM_SLOTS acked.
+    fn slots() -> Firewall {
+        let mut fw = Firewall::new(Policy {
+            protocol_features: POLICY.protocol_features | proto::CONFIGURE_MEM_SLOTS,
+            ..POLICY
+        });
+        let mut ack = proto::CONFIGURE_MEM_SLOTS.to_le_bytes().to_vec();
+        fw.admit(&h(req::SET_PROTOCOL_FEATURES, 8), &mut ack, 0)
+            .unwrap();
+        fw
+    }
+
+    /// ADD/REM_MEM_REG's payload: padding, then guest address, size, user address,
+    /// offset.
+    fn reg(gpa: u64, size: u64, uaddr: u64, offset: u64) -> Vec<u8> {
+        let mut p = vec![0u8; 8];
+        p.extend(
+            [gpa, size, uaddr, offset]
+                .iter()
+                .flat_map(|v| v.to_le_bytes()),
+        );
+        p
+    }
+
+    #[test]
+    fn added_regions_do_not_overlap_or_wrap_and_only_mapped_ones_are_removed() {
+        use DropReason::FrontendBadPayload as Bad;
+        let mut fw = slots();
+        let one = |offset| {
+            Ok(Verdict::Forward(FdCheck::Memory(vec![Region {
+                offset,
+                size: 1 << 20,
+            }])))
+        };
+        let (g, u) = (1u64 << 32, 0x7f00_0000_0000u64);
+        assert_eq!(
+            admit(&mut fw, req::ADD_MEM_REG, reg(g, 1 << 20, u, 4096), 1),
+            one(4096)
+        );
+        // Overlapping in guest addresses, or in the frontend's: refused.
+        for (gpa, uaddr) in [
+            (g, u + (1 << 30)),
+            (g + (1 << 20) - 4096, u + (1 << 30)),
+            (g - 4096, u + (1 << 30)),
+            (g + (1 << 30), u),
+            (g + (1 << 30), u - 4096),
+        ] {
+            let mut f = slots();
+            admit(&mut f, req::ADD_MEM_REG, reg(g, 1 << 20, u, 0), 1).unwrap();
+            assert_eq!(
+                admit(&mut f, req::ADD_MEM_REG, reg(gpa, 1 << 20, uaddr, 0), 1),
+                Err(Bad),
+                "{gpa:#x} {uaddr:#x}"
+            );
+        }
+        // Touching is not overlapping.
+        assert_eq!(
+            admit(
+                &mut fw,
+                req::ADD_MEM_REG,
+                reg(g + (1 << 20), 1 << 20, u + (1 << 20), 0),
+                1
+            ),
+            one(0)
+        );
+        // Empty, wrapping in any of its three addresses.
+        for bad in [
+            reg(0, 0, 0, 0),
+            reg(u64::MAX - 4095, 8192, 0, 0),
+            reg(0, 8192, u64::MAX - 4095, 0),
+            reg(0, 8192, 0, u64::MAX - 4095),
+        ] {
+            assert_eq!(admit(&mut slots(), req::ADD_MEM_REG, bad, 1), Err(Bad));
+        }
+        // A region not mapped, or named by another size or user address: refused;
+        // the offset does not name it.
+        for bad in [
+            reg(g + (2 << 20), 1 << 20, u + (2 << 20), 0),
+            reg(g, 2 << 20, u, 4096),
+            reg(g, 1 << 20, u + 4096, 4096),
+            reg(g + 4096, 1 << 20, u, 4096),
+        ] {
+            let mut f = slots();
+            admit(&mut f, req::ADD_MEM_REG, reg(g, 1 << 20, u, 4096), 1).unwrap();
+            assert_eq!(admit(&mut f, req::REM_MEM_REG, bad, 0), Err(Bad));
+        }
+        assert_eq!(
+            admit(&mut fw, req::REM_MEM_REG, reg(g, 1 << 20, u, 99), 0),
+            FWD
+        );
+        assert_eq!(fw.regions(), 1);
+        // Removed once: not again.
+        assert_eq!(
+            admit(&mut fw, req::REM_MEM_REG, reg(g, 1 << 20, u, 0), 0),
+            Err(Bad)
+        );
+        // One descriptor on REM_MEM_REG is tolerated and closed; two are not.
+        let second = reg(g + (1 << 20), 1 << 20, u + (1 << 20), 0);
+        assert_eq!(
+            admit(&mut fw, req::REM_MEM_REG, second.clone(), 2),
+            Err(DropReason::FrontendBadFds)
+        );
+        assert_eq!(fw.regions(), 1, "a refused message changes nothing");
+        assert_eq!(
+            admit(&mut fw, req::REM_MEM_REG, second, 1),
+            Ok(Verdict::Forward(FdCheck::Close))
+        );
+        assert_eq!(fw.regions(), 0);
+        // The guest address space is free again.
+        assert!(admit(&mut fw, req::ADD_MEM_REG, reg(g, 8 << 20, u, 0), 1).is_ok());
+    }
+
+    #[test]
+    fn a_table_replaces_the_regions_and_its_own_may_not_overlap() {
+        let mut fw = slots();
+        let r = |gpa: u64, uaddr: u64| [gpa, 1 << 20, uaddr, 0];
+        assert_eq!(
+            admit(
+                &mut fw,
+                req::SET_MEM_TABLE,
+                table(&[r(0, 1 << 40), r(1 << 19, 1 << 41)]),
+                2
+            ),
+            Err(DropReason::FrontendBadPayload)
+        );
+        assert_eq!(
+            admit(
+                &mut fw,
+                req::SET_MEM_TABLE,
+                table(&[r(0, 1 << 40), r(1 << 30, (1 << 40) + 4096)]),
+                2
+            ),
+            Err(DropReason::FrontendBadPayload)
+        );
+        assert!(admit(
+            &mut fw,
+            req::SET_MEM_TABLE,
+            table(&[r(0, 1 << 40), r(1 << 30, 1 << 41)]),
+            2
+        )
+        .is_ok());
+        assert_eq!(fw.regions(), 2);
+        assert_eq!(
+            admit(&mut fw, req::ADD_MEM_REG, reg(0, 4096, 1 << 42, 0), 1),
+            Err(DropReason::FrontendBadPayload)
+        );
+        assert_eq!(
+            admit(
+                &mut fw,
+                req::REM_MEM_REG,
+                reg(1 << 30, 1 << 20, 1 << 41, 0),
+                0
+            ),
+            FWD
+        );
+        assert!(admit(
+            &mut fw,
+            req::SET_MEM_TABLE,
+            table(&[r(1 << 30, 1 << 41)]),
+            1
+        )
+        .is_ok());
+        assert_eq!(fw.regions(), 1);
+        assert_eq!(
+            admit(&mut fw, req::REM_MEM_REG, reg(0, 1 << 20, 1 << 40, 0), 0),
             Err(DropReason::FrontendBadPayload)
         );
     }

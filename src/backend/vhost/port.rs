@@ -3,7 +3,7 @@
 //! use to hand it frames (under the RX queue's own lock, held for the copy only).
 
 use std::num::Wrapping;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use arc_swap::ArcSwapOption;
@@ -41,6 +41,12 @@ pub const SEGMENTS_BURST: u64 = 262_144;
 /// vhost crate, the port's set-up) stays bounded.
 pub const RESETS_PER_SEC: u64 = 20;
 pub const RESETS_BURST: u64 = 40;
+/// Memory changes (ADD/REM_MEM_REG) a port's frontend may make, per second and saved
+/// up. QEMU maps every region of a guest at each device start (the burst covers a
+/// full set of slots twice) and one or a few per DIMM or virtio-mem memslot plugged
+/// later; a frontend mapping and unmapping in a loop waits for its turn.
+pub const MEM_CHANGES_PER_SEC: u64 = 100;
+pub const MEM_CHANGES_BURST: u64 = 2 * super::firewall::MAX_MEM_SLOTS as u64;
 
 pub type Mem = GuestMemoryAtomic<GuestMem>;
 pub type Vring = VringRwLock<Mem>;
@@ -83,6 +89,9 @@ pub struct Port {
     negotiated: ArcSwapOption<Negotiated>,
     /// The guest memory as mapped now (set at each memory table change).
     mem: ArcSwapOption<GuestMem>,
+    /// Memory changes so far (tables and added or removed regions): a pass that
+    /// keeps anything derived from `mem` past its own end keys it by this.
+    mem_generation: AtomicU64,
     /// Whether `rx_rate=` is set: frames for the guest skip the pacer's lock and
     /// clock when it is not.
     rx_limited: AtomicBool,
@@ -98,6 +107,8 @@ pub struct Port {
     pub log: LogLimit,
     /// Device resets its frontend may ask for (the relay waits for a token).
     pub resets: TokenBucket,
+    /// Memory changes its frontend may make (the relay waits for a token).
+    pub mem_changes: TokenBucket,
     /// Runtime `max_burst` (0: none), changed with `gsonet ctl`.
     max_burst: AtomicUsize,
     /// RX interrupt moderation, changed with `gsonet ctl`.
@@ -136,6 +147,7 @@ impl Port {
             offer: RwLock::new((cfg.mask, features::offer(&cfg.mask, cfg.queues))),
             negotiated: ArcSwapOption::empty(),
             mem: ArcSwapOption::empty(),
+            mem_generation: AtomicU64::new(0),
             rx_limited: AtomicBool::new(cfg.rx_rate.is_some()),
             tx_limited: AtomicBool::new(cfg.rate.is_some()),
             rx: (0..pairs).map(|_| Mutex::new(RxSlot::default())).collect(),
@@ -148,6 +160,7 @@ impl Port {
             segment_budget: TokenBucket::new(SEGMENTS_PER_SEC, SEGMENTS_BURST),
             log: LogLimit::default(),
             resets: TokenBucket::new(RESETS_PER_SEC, RESETS_BURST),
+            mem_changes: TokenBucket::new(MEM_CHANGES_PER_SEC, MEM_CHANGES_BURST),
             rx_coalesce: RxCoalesce::new(pairs, cfg.rx_coalesce_usecs, cfg.rx_coalesce_frames)?,
             tx_coalesce_usecs: AtomicU32::new(cfg.tx_coalesce_usecs.min(MAX_TX_COALESCE_USECS)),
             pacer: Pacer::new(pairs)?,
@@ -336,9 +349,32 @@ impl Port {
         true
     }
 
-    /// The frontend's memory table changed.
+    /// The frontend's memory changed (a table, a region added or removed). Returns
+    /// once no pass uses the memory as it was: the TX drains in progress (each loads
+    /// the memory after taking `tx_gate`) and the RX writes and publishes in progress
+    /// (each loads it under its queue's lock) have ended, so after the reply a
+    /// removed region is never touched again and an added one is seen by the next
+    /// chain. Passes wait for nothing here but this port's memory.
     pub fn set_mem(&self, mem: Mem) {
         self.mem.store(Some(mem.memory().into_inner()));
+        self.mem_generation.fetch_add(1, Ordering::AcqRel);
+        drop(self.tx_gate.write().unwrap_or_else(|e| e.into_inner()));
+        for slot in &self.rx {
+            drop(slot.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+
+    /// Memory changes so far (see `mem_generation`).
+    pub fn mem_generation(&self) -> u64 {
+        self.mem_generation.load(Ordering::Acquire)
+    }
+
+    /// The guest memory mapped now: (regions, bytes).
+    pub fn mem_mapped(&self) -> (usize, u64) {
+        use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+        self.memory()
+            .map(|m| (m.num_regions(), m.iter().map(|r| r.len()).sum()))
+            .unwrap_or_default()
     }
 
     /// Stops dirty-page logging in the guest memory as mapped now (features acked
@@ -388,15 +424,16 @@ impl Port {
         let Some(neg) = self.negotiated() else {
             return Err(RxError::NoBuffers);
         };
-        let mem = self.mem.load();
-        let Some(mem) = mem.as_deref() else {
-            return Err(RxError::NoBuffers);
-        };
         let pair = pair % self.rx.len();
         let mut slot = self.rx[pair].lock().unwrap_or_else(|e| e.into_inner());
         if self.quiesced.load(Ordering::Acquire) {
             return Err(RxError::NoBuffers);
         }
+        // Under the queue's lock, so `set_mem` knows when this write is done with it.
+        let mem = self.mem.load();
+        let Some(mem) = mem.as_deref() else {
+            return Err(RxError::NoBuffers);
+        };
         let RxSlot {
             vring,
             scratch,
@@ -454,21 +491,17 @@ impl Port {
     /// so far (the end of a sender's batch; before the frontend stops or moves a
     /// ring, and at a clean stop).
     pub fn publish_rx(&self) {
-        let mem = self.memory();
-        for slot in &self.rx {
-            slot.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .publish(mem.as_deref());
+        for pair in 0..self.rx.len() {
+            self.publish_rx_queue(pair);
         }
     }
 
     /// Publishes what was written into RX queue `pair`.
     pub fn publish_rx_queue(&self, pair: usize) {
-        let mem = self.mem.load();
         if let Some(slot) = self.rx.get(pair) {
-            slot.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .publish(mem.as_deref());
+            let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+            // Under the queue's lock (`set_mem`).
+            slot.publish(self.mem.load().as_deref());
         }
     }
 
@@ -536,9 +569,10 @@ impl Port {
     /// non-blocking (the relay sees to it), so a full eventfd costs one EAGAIN.
     fn signal_rx_queue(&self, pair: usize) {
         let pair = pair % self.rx.len();
-        let mem = self.memory();
         let (vring, wants) = {
             let mut slot = self.rx[pair].lock().unwrap_or_else(|e| e.into_inner());
+            // Under the queue's lock (`set_mem`).
+            let mem = self.memory();
             slot.publish(mem.as_deref());
             let Some(v) = slot.vring.clone() else {
                 return;

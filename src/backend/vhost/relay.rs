@@ -29,9 +29,9 @@ use super::announce;
 use super::backend::PROTOCOL_FEATURES;
 use super::firewall::{
     req, FdCheck, Firewall, Header, Policy, Refusal, Region, Verdict, FLAG_REPLY, FLAG_VERSION,
-    HDR, MAX_FDS,
+    HDR, MAX_FDS, MAX_MEM_SLOTS,
 };
-use super::port::{Port, RESETS_PER_SEC};
+use super::port::{Port, MEM_CHANGES_PER_SEC, RESETS_PER_SEC};
 use crate::backend::switch::Switch;
 use crate::l2::Mac;
 use crate::stats::DropReason;
@@ -92,13 +92,18 @@ fn send(s: &UnixStream, m: &Msg) -> io::Result<()> {
 
 /// The answer to an early SET_VRING_ENABLE that asked for one: success.
 fn ack(req: &Header) -> Msg {
+    reply_u64(req, 0)
+}
+
+/// A reply of one u64 to `req`.
+fn reply_u64(req: &Header, v: u64) -> Msg {
     Msg {
         hdr: Header {
             request: req.request,
             flags: FLAG_VERSION | FLAG_REPLY,
             size: 8,
         },
-        payload: vec![0; 8],
+        payload: v.to_le_bytes().to_vec(),
         fds: Vec::new(),
     }
 }
@@ -127,7 +132,7 @@ fn check_fds(check: &FdCheck, fds: &[OwnedFd], allow_unsealed: bool) -> Result<(
     let cannot_tell =
         |reason, e: io::Error| Refusal::new(reason, format!("cannot inspect a descriptor: {e}"));
     match check {
-        FdCheck::None => {}
+        FdCheck::None | FdCheck::Close => {}
         FdCheck::Eventfd => {
             for f in fds {
                 let not = DropReason::FrontendNotEventfd;
@@ -248,6 +253,13 @@ fn inbound(
                 }
                 continue;
             }
+            Ok(Verdict::MaxMemSlots) => {
+                let w = front_w.lock().unwrap_or_else(|e| e.into_inner());
+                if send(&w, &reply_u64(&hdr, MAX_MEM_SLOTS as u64)).is_err() {
+                    return End::Closed;
+                }
+                continue;
+            }
             Ok(Verdict::LogFd) => {
                 // Checked, then closed: gsonet does not signal log writes.
                 if let Err(r) = check_fds(&FdCheck::Eventfd, &fds, false) {
@@ -264,8 +276,16 @@ fn inbound(
         if let Err(r) = check_fds(&check, &fds, port.cfg.allow_unsealed_memory) {
             return End::Refused(Some(hdr), r);
         }
+        let fds = if check == FdCheck::Close {
+            Vec::new()
+        } else {
+            fds
+        };
         if hdr.request == req::SET_FEATURES {
             await_reset_token(port);
+        }
+        if matches!(hdr.request, req::ADD_MEM_REG | req::REM_MEM_REG) {
+            await_mem_token(port);
         }
         if moves_rings(hdr.request) {
             // Frames written into the guest's RX queues are published at the end of
@@ -315,6 +335,22 @@ fn await_reset_token(port: &Port) {
         warn!(port = %port.name(), suppressed = quiet, "frontend resets the device in a loop; held to {RESETS_PER_SEC} a second");
     }
     while !port.resets.take(1) {
+        thread::sleep(RESET_POLL);
+    }
+}
+
+/// Holds a memory change (ADD/REM_MEM_REG) back until the port's budget for them
+/// allows it: each maps or unmaps a file and waits for the port's passes in flight,
+/// so a frontend adding and removing regions in a loop is held to a pace that costs
+/// its own port a little and the other ports nothing. Only this relay thread waits.
+fn await_mem_token(port: &Port) {
+    if port.mem_changes.take(1) {
+        return;
+    }
+    if let Some(quiet) = port.log.allow() {
+        warn!(port = %port.name(), suppressed = quiet, "frontend adds and removes memory in a loop; held to {MEM_CHANGES_PER_SEC} changes a second");
+    }
+    while !port.mem_changes.take(1) {
         thread::sleep(RESET_POLL);
     }
 }
@@ -457,7 +493,7 @@ mod tests {
             &msg(
                 req::SET_PROTOCOL_FEATURES,
                 FLAG_VERSION,
-                &(REPLY_ACK | 1 << 15).to_le_bytes(),
+                &(REPLY_ACK | 1 << 14).to_le_bytes(),
                 vec![],
             ),
         )
@@ -689,6 +725,104 @@ mod tests {
                 "{opts}"
             );
         }
+    }
+
+    const MEM_SLOTS: u64 = 1 << 15;
+
+    fn reg(gpa: u64, size: u64, uaddr: u64, offset: u64) -> Vec<u8> {
+        let mut p = vec![0u8; 8];
+        p.extend(
+            [gpa, size, uaddr, offset]
+                .iter()
+                .flat_map(|v| v.to_le_bytes()),
+        );
+        p
+    }
+
+    #[test]
+    fn mem_slots_are_answered_here_and_added_files_checked() {
+        use DropReason::*;
+        let acked = 1 | REPLY_ACK | MEM_SLOTS;
+        let add = |size, offset, f| {
+            msg(
+                req::ADD_MEM_REG,
+                FLAG_VERSION,
+                &reg(1 << 32, size, 1 << 40, offset),
+                vec![f],
+            )
+        };
+        refused_acking(
+            "",
+            acked,
+            add(1 << 20, 0, memfd(1 << 20, false)),
+            FrontendUnsealedMemory,
+        );
+        refused_acking(
+            "",
+            acked,
+            add(1 << 20, 4096, memfd(1 << 20, true)),
+            FrontendBadMemory,
+        );
+        let (a, _b) = UnixStream::pair().unwrap();
+        refused_acking("", acked, add(4096, 0, a.into()), FrontendBadMemory);
+        let rem = msg(
+            req::REM_MEM_REG,
+            FLAG_VERSION,
+            &reg(1 << 32, 4096, 1 << 40, 0),
+            vec![],
+        );
+        refused_acking("", acked, rem, FrontendBadPayload);
+
+        let p = port("");
+        let (mut qemu, mut handler) = relay(p.clone());
+        send(
+            &qemu,
+            &msg(
+                req::SET_PROTOCOL_FEATURES,
+                FLAG_VERSION,
+                &acked.to_le_bytes(),
+                vec![],
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            recv_reply(&mut handler).unwrap().unwrap().payload,
+            acked.to_le_bytes()
+        );
+        // Our bound, not the crate's 509.
+        send(
+            &qemu,
+            &msg(req::GET_MAX_MEM_SLOTS, FLAG_VERSION, &[], vec![]),
+        )
+        .unwrap();
+        let got = recv_reply(&mut qemu).unwrap().unwrap();
+        assert_eq!(
+            (got.hdr.request, got.hdr.flags),
+            (req::GET_MAX_MEM_SLOTS, FLAG_VERSION | FLAG_REPLY)
+        );
+        assert_eq!(got.payload, (MAX_MEM_SLOTS as u64).to_le_bytes());
+        // A fitting region goes on with its file; its removal with a stray file goes
+        // on without it.
+        send(&qemu, &add(1 << 20, 4096, memfd(2 << 20, true))).unwrap();
+        let got = recv_reply(&mut handler).unwrap().unwrap();
+        assert_eq!((got.hdr.request, got.fds.len()), (req::ADD_MEM_REG, 1));
+        let rem = reg(1 << 32, 1 << 20, 1 << 40, 0);
+        send(
+            &qemu,
+            &msg(
+                req::REM_MEM_REG,
+                FLAG_VERSION,
+                &rem,
+                vec![memfd(4096, true)],
+            ),
+        )
+        .unwrap();
+        let got = recv_reply(&mut handler).unwrap().unwrap();
+        assert_eq!(
+            (got.hdr.request, got.payload, got.fds.len()),
+            (req::REM_MEM_REG, rem, 0)
+        );
+        assert_eq!(p.stats.snapshot().drops.len(), 0);
     }
 
     const LOG_SHMFD: u64 = 1 << 1;
