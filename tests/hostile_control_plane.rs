@@ -101,6 +101,18 @@ impl Raw {
         Ok((u32::from_le_bytes(h[..4].try_into().unwrap()), p))
     }
 
+    /// A request with NEED_REPLY (REPLY_ACK acked): Ok once gsonet acknowledged it
+    /// with success.
+    fn acked(&mut self, req: u32, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        self.send(req, VERSION | NEED_REPLY, payload, fds)?;
+        let (r, p) = self.reply()?;
+        assert_eq!(r, req, "reply to another request");
+        match u64::from_le_bytes(p[..8].try_into().unwrap()) {
+            0 => Ok(()),
+            v => Err(io::Error::other(format!("request {req} failed: {v}"))),
+        }
+    }
+
     fn get_u64(&mut self, req: u32) -> io::Result<u64> {
         self.request(req, &[])?;
         let (r, p) = self.reply()?;
@@ -322,7 +334,8 @@ fn unoffered_add_mem_reg_flood_keeps_fds_bounded() {
     let pid = w.d.pid();
     let before = fd_count(pid);
     let mut raw = Raw::connect(&w.d.sockets[A]);
-    raw.hello(PROTO_MQ | PROTO_REPLY_ACK | PROTO_CONFIGURE_MEM_SLOTS);
+    // CONFIGURE_MEM_SLOTS not acked: ADD_MEM_REG is not allowed at all.
+    raw.hello(PROTO_MQ | PROTO_REPLY_ACK);
     let mut sent = 0;
     for i in 0..400u64 {
         let mem = memfd(1 << 20, true).unwrap();
@@ -353,6 +366,267 @@ fn unoffered_add_mem_reg_flood_keeps_fds_bounded() {
     );
     assert_eq!(w.counter(A, "frontend_request_refused"), 1);
     w.check_after("ADD_MEM_REG flood");
+}
+
+// ---------------------------------------------------------------------------------------
+// CONFIGURE_MEM_SLOTS: memory added and removed while the device runs
+
+/// Regions gsonet maps per port at most (GET_MAX_MEM_SLOTS).
+const MAX_MEM_SLOTS: usize = 64;
+const GET_MAX_MEM_SLOTS: u32 = 36;
+const REM_MEM_REG: u32 = 38;
+
+/// ADD/REM_MEM_REG's payload.
+fn mem_reg(gpa: u64, size: u64, uaddr: u64, offset: u64) -> Vec<u8> {
+    let mut p = 0u64.to_le_bytes().to_vec();
+    p.extend(region(gpa, size, uaddr, offset));
+    p
+}
+
+/// A hostile memory case: what it is, the regions added before, the message, whether
+/// it is an ADD_MEM_REG (else a REM_MEM_REG), the counter it goes to.
+type MemCase = (&'static str, Vec<Vec<u8>>, Vec<u8>, bool, &'static str);
+
+fn mem_regions(w: &World, port: usize) -> u64 {
+    w.d.stats().unwrap()["ports"][port]["mem_regions"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn memory_added_at_run_time_carries_the_next_frames_and_removed_memory_is_let_go() {
+    let mut w = world("");
+    let pid = w.d.pid();
+    let mut a = honest(&w.d, A, opts()).unwrap();
+    assert_ne!(
+        a.acked_protocol_features().bits() & PROTO_CONFIGURE_MEM_SLOTS,
+        0
+    );
+    exchange(&mut a, &mut w.b, A, B, 3);
+    let fds = fd_count(pid);
+    assert_eq!(mem_regions(&w, A), 1);
+    // A DIMM plugged: its very next chains are in it, TX and RX. The 256 RX buffers
+    // posted before are used first and each is posted again in the new memory, so
+    // the last 44 of the 300 frames to A land there.
+    let dimm = 8u64 << 32;
+    a.add_region(dimm, 16 << 20).unwrap();
+    assert_eq!(mem_regions(&w, A), 2);
+    a.pin_region(Some(dimm));
+    exchange(&mut a, &mut w.b, A, B, 20);
+    for _ in 0..6 {
+        exchange(&mut w.b, &mut a, B, A, 50);
+    }
+    // The guest moves off it (every RX buffer posted there is used and posted again
+    // in the boot memory), then it is unplugged.
+    a.pin_region(Some(0));
+    for _ in 0..6 {
+        exchange(&mut w.b, &mut a, B, A, 50);
+    }
+    a.reclaim_tx().unwrap();
+    a.remove_region(dimm).unwrap();
+    assert_eq!(mem_regions(&w, A), 1);
+    let after = settled(|| fd_count(pid) as u64) as usize;
+    assert!(
+        after <= fds,
+        "gsonet holds {after} fds, {fds} before the DIMM"
+    );
+    // A chain still naming the removed memory is dropped and counted; the rest goes on.
+    let bad = w.counter(A, "bad_address");
+    a.push_raw(
+        TX_QUEUE,
+        &[common::frontend::RawDesc::new(dimm + 4096, 100)],
+    )
+    .unwrap();
+    exchange(&mut a, &mut w.b, A, B, 3);
+    assert_eq!(w.counter(A, "bad_address"), bad + 1);
+    exchange(&mut w.b, &mut a, B, A, 3);
+    drop(a);
+    w.check_after("a region added and removed");
+}
+
+#[test]
+fn hostile_memory_regions_are_refused_and_bounded() {
+    let mut w = world("");
+    let pid = w.d.pid();
+    let proto = PROTO_MQ | PROTO_REPLY_ACK | PROTO_CONFIGURE_MEM_SLOTS;
+    // (case, regions before it, the message, the counter it goes to)
+    let u = 0x1000_0000_0000u64;
+    let cases: [MemCase; 6] = [
+        (
+            "overlapping guest addresses",
+            vec![mem_reg(1 << 32, 2 << 20, u, 0)],
+            mem_reg((1 << 32) + (1 << 20), 2 << 20, u + (1 << 30), 0),
+            true,
+            "frontend_bad_payload",
+        ),
+        (
+            "overlapping frontend addresses",
+            vec![mem_reg(1 << 32, 2 << 20, u, 0)],
+            mem_reg(2 << 32, 2 << 20, u + (1 << 20), 0),
+            true,
+            "frontend_bad_payload",
+        ),
+        (
+            "wrapping",
+            vec![],
+            mem_reg(u64::MAX - (1 << 20) + 1, 2 << 20, u, 0),
+            true,
+            "frontend_bad_payload",
+        ),
+        (
+            "removing a region never added",
+            vec![mem_reg(1 << 32, 2 << 20, u, 0)],
+            mem_reg(2 << 32, 2 << 20, u + (1 << 30), 0),
+            false,
+            "frontend_bad_payload",
+        ),
+        (
+            "removing by the wrong size",
+            vec![mem_reg(1 << 32, 2 << 20, u, 0)],
+            mem_reg(1 << 32, 1 << 20, u, 0),
+            false,
+            "frontend_bad_payload",
+        ),
+        (
+            "beyond its file",
+            vec![],
+            mem_reg(1 << 32, 2 << 20, u, 4096),
+            true,
+            "frontend_bad_memory",
+        ),
+    ];
+    for (what, before, m, add, counter) in cases {
+        let was = w.counter(A, counter);
+        let mut raw = Raw::connect(&w.d.sockets[A]);
+        raw.hello(proto);
+        for r in &before {
+            let f = memfd(2 << 20, true).unwrap();
+            raw.acked(ADD_MEM_REG, r, &[f.as_raw_fd()])
+                .unwrap_or_else(|e| panic!("{what}: an honest region refused: {e}"));
+        }
+        let f = memfd(2 << 20, true).unwrap();
+        let fds: &[RawFd] = if add { &[f.as_raw_fd()] } else { &[] };
+        let _ = raw.send(
+            if add { ADD_MEM_REG } else { REM_MEM_REG },
+            VERSION,
+            &m,
+            fds,
+        );
+        assert!(raw.closed_within(T), "{what}: still connected");
+        assert_eq!(w.counter(A, counter), was + 1, "{what}");
+    }
+    // An unsealed file.
+    let mut raw = Raw::connect(&w.d.sockets[A]);
+    raw.hello(proto);
+    let f = memfd(2 << 20, false).unwrap();
+    let _ = raw.send(
+        ADD_MEM_REG,
+        VERSION,
+        &mem_reg(1 << 32, 2 << 20, u, 0),
+        &[f.as_raw_fd()],
+    );
+    assert!(raw.closed_within(T), "unsealed: still connected");
+    assert_eq!(w.counter(A, "frontend_unsealed_memory"), 1);
+    // As many regions as announced, and not one more: the fds held stay bounded.
+    let before = fd_count(pid);
+    let mut raw = Raw::connect(&w.d.sockets[A]);
+    raw.hello(proto);
+    assert_eq!(
+        raw.get_u64(GET_MAX_MEM_SLOTS).unwrap(),
+        MAX_MEM_SLOTS as u64
+    );
+    let connected = settled(|| fd_count(pid) as u64) as usize;
+    for i in 0..MAX_MEM_SLOTS as u64 {
+        let f = memfd(1 << 20, true).unwrap();
+        raw.acked(
+            ADD_MEM_REG,
+            &mem_reg((i + 1) << 32, 1 << 20, u + (i << 30), 0),
+            &[f.as_raw_fd()],
+        )
+        .unwrap_or_else(|e| panic!("region {i} refused: {e}"));
+    }
+    let full = fd_count(pid);
+    let f = memfd(1 << 20, true).unwrap();
+    let _ = raw.send(
+        ADD_MEM_REG,
+        VERSION,
+        &mem_reg(100 << 32, 1 << 20, u + (100 << 30), 0),
+        &[f.as_raw_fd()],
+    );
+    assert!(raw.closed_within(T), "one region too many: still connected");
+    let after = settled(|| fd_count(pid) as u64) as usize;
+    eprintln!(
+        "{MAX_MEM_SLOTS} regions: gsonet fds {before}, {connected} connected, {full} full, \
+         {after} once closed"
+    );
+    assert!(
+        full <= connected + MAX_MEM_SLOTS,
+        "{connected} -> {full} fds"
+    );
+    assert!(
+        after <= before + 8,
+        "{after} fds after the connection closed"
+    );
+    w.check_after("hostile memory regions");
+}
+
+#[test]
+fn a_memory_add_remove_storm_is_paced_and_costs_other_ports_nothing() {
+    let mut w = world("");
+    let proto = PROTO_MQ | PROTO_REPLY_ACK | PROTO_CONFIGURE_MEM_SLOTS;
+    let path = w.d.sockets[A].clone();
+    let quiet = {
+        let t = Instant::now();
+        let mut n = 0;
+        while t.elapsed() < Duration::from_secs(3) {
+            exchange(&mut w.b, &mut w.c, B, C, 20);
+            exchange(&mut w.c, &mut w.b, C, B, 20);
+            n += 1;
+        }
+        n
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    let storm = std::thread::spawn(move || {
+        let mut raw = Raw::connect(&path);
+        raw.hello(proto);
+        let f = memfd(64 << 20, true).unwrap();
+        let r = mem_reg(1 << 32, 64 << 20, 0x1000_0000_0000, 0);
+        let mut n = 0u64;
+        let start = Instant::now();
+        while !s.load(Ordering::Relaxed) {
+            raw.acked(ADD_MEM_REG, &r, &[f.as_raw_fd()]).unwrap();
+            raw.acked(REM_MEM_REG, &r, &[]).unwrap();
+            n += 2;
+        }
+        (n, start.elapsed())
+    });
+    // B and C go on exchanging frames meanwhile, every one of them arriving (the
+    // rounds they manage are printed against the same span without the storm).
+    let rounds = |w: &mut World| {
+        let t = Instant::now();
+        let mut n = 0;
+        while t.elapsed() < Duration::from_secs(3) {
+            exchange(&mut w.b, &mut w.c, B, C, 20);
+            exchange(&mut w.c, &mut w.b, C, B, 20);
+            n += 1;
+        }
+        n
+    };
+    let rounds = rounds(&mut w);
+    stop.store(true, Ordering::Relaxed);
+    let (changes, took) = storm.join().unwrap();
+    let rate = changes as f64 / took.as_secs_f64();
+    eprintln!(
+        "{changes} memory changes in {took:?} ({rate:.0}/s); B and C: {rounds} rounds of 40 frames in 3 s, {quiet} before it"
+    );
+    // Held to 100 a second after a burst of 128.
+    assert!(
+        changes as f64 <= 128.0 + 100.0 * took.as_secs_f64() + 20.0,
+        "{changes} changes in {took:?}"
+    );
+    assert!(changes >= 128, "the storm made only {changes} changes");
+    w.check_after("a memory storm");
 }
 
 #[test]

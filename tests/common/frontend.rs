@@ -161,7 +161,8 @@ impl Default for FrontendOpts {
             require_features: false,
             protocol_features: VhostUserProtocolFeatures::MQ
                 | VhostUserProtocolFeatures::REPLY_ACK
-                | VhostUserProtocolFeatures::CONFIG,
+                | VhostUserProtocolFeatures::CONFIG
+                | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS,
             no_protocol_features: false,
             queue_size: 256,
             mem_size: 64 << 20,
@@ -384,6 +385,10 @@ pub fn memfd(size: u64, seal: bool) -> Result<File> {
 struct Arena {
     regions: Vec<Vec<(u64, u64)>>,
     rr: usize,
+    /// Allocate from this region only (`TestFrontend::pin_region`).
+    pin: Option<usize>,
+    /// Regions removed (`TestFrontend::remove_region`): what is freed there is gone.
+    removed: Vec<usize>,
 }
 
 impl Arena {
@@ -392,6 +397,9 @@ impl Arena {
         let len = len.max(1);
         for k in 0..n {
             let r = (self.rr + k) % n;
+            if self.pin.is_some_and(|p| p != r) {
+                continue;
+            }
             let free = &mut self.regions[r];
             for i in 0..free.len() {
                 let (start, flen) = free[i];
@@ -417,6 +425,9 @@ impl Arena {
     /// Return a range; regions are 4 GiB apart, so the region is `addr >> 32`.
     fn free(&mut self, addr: u64, len: u64) {
         let len = len.max(1);
+        if self.removed.contains(&((addr >> 32) as usize)) {
+            return;
+        }
         let free = &mut self.regions[(addr >> 32) as usize];
         let pos = free.partition_point(|&(s, _)| s < addr);
         free.insert(pos, (addr, len));
@@ -628,6 +639,8 @@ impl TestFrontend {
                 })
                 .collect(),
             rr: 0,
+            pin: None,
+            removed: Vec::new(),
         };
 
         let qs = opts.queue_size;
@@ -756,6 +769,68 @@ impl TestFrontend {
         m.extend_from_slice(payload);
         self.raw.write_all(&m)?;
         Ok(())
+    }
+
+    /// Maps `size` more bytes of guest memory at `gpa` (a multiple of 4 GiB, so the
+    /// allocator keeps its one-region-per-4-GiB rule), in a memfd of its own, and
+    /// tells the backend with ADD_MEM_REG (as QEMU does for a DIMM or a virtio-mem
+    /// memslot plugged at run time). Returns once the backend acknowledged it.
+    pub fn add_region(&mut self, gpa: u64, size: u64) -> Result<()> {
+        ensure!(gpa.is_multiple_of(1 << 32) && gpa > 0, "regions are 4 GiB apart");
+        let file = memfd(size, self.opts.seal_memory)?;
+        let region = vm_memory::GuestRegionMmap::<()>::from_range(
+            GuestAddress(gpa),
+            size as usize,
+            Some(FileOffset::new(file, 0)),
+        )
+        .map_err(|e| anyhow!("region: {e:?}"))?;
+        let info = VhostUserMemoryRegionInfo::from_guest_region(&region)
+            .map_err(|e| anyhow!("region info: {e:?}"))?;
+        self.vu.add_mem_region(&info).context("ADD_MEM_REG")?;
+        self.mem = self
+            .mem
+            .insert_region(std::sync::Arc::new(region))
+            .map_err(|e| anyhow!("insert: {e:?}"))?;
+        let i = (gpa >> 32) as usize;
+        if self.arena.regions.len() <= i {
+            self.arena.regions.resize(i + 1, Vec::new());
+        }
+        self.arena.regions[i] = vec![(gpa, size)];
+        self.arena.removed.retain(|&r| r != i);
+        Ok(())
+    }
+
+    /// Unmaps the region at `gpa` (REM_MEM_REG), as QEMU does once a DIMM is
+    /// unplugged. Buffers the driver still has there are forgotten (a guest offlines
+    /// the memory first, so an honest one has none).
+    pub fn remove_region(&mut self, gpa: u64) -> Result<()> {
+        let region = self
+            .mem
+            .find_region(GuestAddress(gpa))
+            .ok_or_else(|| anyhow!("no region at {gpa:#x}"))?;
+        let info = VhostUserMemoryRegionInfo::from_guest_region(region)
+            .map_err(|e| anyhow!("region info: {e:?}"))?;
+        let size = region.len();
+        self.vu.remove_mem_region(&info).context("REM_MEM_REG")?;
+        self.mem = self
+            .mem
+            .remove_region(GuestAddress(gpa), size)
+            .map_err(|e| anyhow!("remove: {e:?}"))?
+            .0;
+        if let Some(r) = self.arena.regions.get_mut((gpa >> 32) as usize) {
+            r.clear();
+        }
+        self.arena.removed.push((gpa >> 32) as usize);
+        if self.arena.pin == Some((gpa >> 32) as usize) {
+            self.arena.pin = None;
+        }
+        Ok(())
+    }
+
+    /// Takes every later buffer (TX frames, RX buffers, tables) from the region at
+    /// `gpa` only; `None`: from all regions again.
+    pub fn pin_region(&mut self, gpa: Option<u64>) {
+        self.arena.pin = gpa.map(|g| (g >> 32) as usize);
     }
 
     pub fn vhost(&mut self) -> &mut Frontend {
