@@ -776,7 +776,10 @@ impl TestFrontend {
     /// tells the backend with ADD_MEM_REG (as QEMU does for a DIMM or a virtio-mem
     /// memslot plugged at run time). Returns once the backend acknowledged it.
     pub fn add_region(&mut self, gpa: u64, size: u64) -> Result<()> {
-        ensure!(gpa.is_multiple_of(1 << 32) && gpa > 0, "regions are 4 GiB apart");
+        ensure!(
+            gpa.is_multiple_of(1 << 32) && gpa > 0,
+            "regions are 4 GiB apart"
+        );
         let file = memfd(size, self.opts.seal_memory)?;
         let region = vm_memory::GuestRegionMmap::<()>::from_range(
             GuestAddress(gpa),
