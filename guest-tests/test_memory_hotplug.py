@@ -23,6 +23,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.gsonet import Gsonet
 from harness.hostnet import alloc_subnet, delete_link, set_addr
 from harness.iperf import iperf3_guest_server
@@ -126,5 +128,85 @@ def test_dimm_hotplug_and_unplug_under_iperf(guest_env, tmp_path: Path, record_m
         if iperf and iperf.poll() is None:
             iperf.kill()
         g.shutdown()
+        gs.stop()
+        delete_link(tap)
+
+
+@pytest.mark.full
+def test_live_migration_after_a_dimm_hotplug(guest_env, tmp_path: Path, record_measurement):
+    """A guest with a DIMM plugged at run time migrates between two ports: the
+    destination QEMU starts with that DIMM on its command line, gsonet maps it on port
+    B as on port A, and the guest, sending with iperf3 as it moves, answers the host
+    through port B."""
+    n = alloc_subnet()
+    host_ip, guest_ip = f"10.77.{n}.1", f"10.77.{n}.2"
+    tap = f"gsnk{os.getpid() % 10000}"
+    sock_a, sock_b = str(tmp_path / "a.sock"), str(tmp_path / "b.sock")
+    mig = str(tmp_path / "migrate.sock")
+    gs = Gsonet([f"socket={sock_a}", f"socket={sock_b}"], [f"tap={tap}"], workdir=tmp_path,
+                name="gsonet-hotplug-migrate")
+    name = "hotplug-migrate"
+    dimm = ["-object", f"memory-backend-memfd,id=dimm0,size={DIMM_MB}M,share=on",
+            "-device", "pc-dimm,id=d0,memdev=dimm0"]
+    src = HotplugGuest(name, vhost_user_netdev(sock_a), str(tmp_path / "src.qmp"),
+                       ip=f"{guest_ip}/24")
+    dst = HotplugGuest(name, vhost_user_netdev(sock_b), str(tmp_path / "dst.qmp"),
+                       extra=dimm + ["-incoming", "defer"], ip=f"{guest_ip}/24")
+    dst.name = f"{name}-dst"
+    iperf = None
+    try:
+        gs.start()
+        set_addr(tap, f"{host_ip}/24")
+        src.start()
+        src.wait_booted()
+        gs.wait_port(0)
+        qs = Qmp(src.qmp_path)
+        boot = _regions(gs)
+        qs.cmd("object-add", **{"qom-type": "memory-backend-memfd", "id": "dimm0",
+                                "size": DIMM_MB << 20, "share": True})
+        qs.cmd("device_add", driver="pc-dimm", id="d0", memdev="dimm0")
+        assert _wait_regions(gs, boot + 1) == boot + 1, "the DIMM is not mapped on port A"
+        src.run_ok(f"dd if=/dev/zero of=/tmp/fill bs=1M count={512 + DIMM_MB // 2} "
+                   "2>/dev/null; sync", timeout=120)
+        dst.start()
+        qd = Qmp(dst.qmp_path)
+        qd.cmd("migrate-incoming", uri=f"unix:{mig}")
+        # The guest sends while it moves.
+        iperf3_guest_server(src)
+        iperf = subprocess.Popen(["iperf3", "-c", guest_ip, "-R", "-t", "20"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(3)
+        qs.cmd("migrate", uri=f"unix:{mig}")
+        deadline = time.monotonic() + 120
+        while True:
+            info = qs.cmd("query-migrate")
+            if info.get("status") == "completed":
+                break
+            assert info.get("status") not in ("failed", "cancelled"), info
+            assert time.monotonic() < deadline, f"migration did not complete: {info}"
+            time.sleep(0.5)
+        on_b = gs.port_stats(1)["mem_regions"]
+        # The guest answers through port B once it runs there.
+        deadline = time.monotonic() + 60
+        while qd.cmd("query-status").get("status") != "running":
+            assert time.monotonic() < deadline, "the destination does not run"
+            time.sleep(0.2)
+        ping = subprocess.run(["ping", "-c", "5", "-W", "2", guest_ip],
+                              capture_output=True, text=True)
+        b_tx = gs.port_stats(1)["stats"]["tx_frames"]
+        record_measurement("hotplug_migration", {"regions_a": boot + 1, "regions_b": on_b,
+                                                 "downtime_ms": info.get("downtime"),
+                                                 "port_b_tx_frames": b_tx})
+        print(f"RESULT hotplug migration: port B maps {on_b} regions (port A had {boot + 1}); "
+              f"downtime {info.get('downtime')} ms; {b_tx} frames from the guest on port B")
+        assert on_b == boot + 1, f"port B maps {on_b} regions, port A had {boot + 1}"
+        assert ping.returncode == 0, f"the migrated guest does not answer: {ping.stdout}"
+        assert b_tx > 0, "nothing from the guest on port B"
+        assert gs.alive()
+    finally:
+        if iperf and iperf.poll() is None:
+            iperf.kill()
+        src.shutdown()
+        dst.shutdown()
         gs.stop()
         delete_link(tap)
