@@ -344,6 +344,14 @@ impl TxBatch {
         frames.len()
     }
 
+    /// Frames of the last take that are one-copy frames (still to be sent).
+    pub fn one_copy_frames(&self) -> usize {
+        self.frames
+            .iter()
+            .filter(|f| f.as_ref().is_ok_and(|f| f.tail_len > 0))
+            .count()
+    }
+
     /// Hands the chains of the last take back to the guest (used entries, length 0;
     /// the caller publishes them), once nothing reads their buffers any more: a
     /// one-copy frame's tail is read until its frame is sent. Returns how many heads

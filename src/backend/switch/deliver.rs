@@ -185,6 +185,9 @@ pub struct DeliverCtx {
     /// Where a one-copy frame is made whole for a destination that cannot take
     /// it as it is (grown to the largest frame once, then kept).
     pub whole: Vec<u8>,
+    /// One-copy frames made whole (once per flood, else per destination) since the
+    /// sender last reset it: how often its one-copy frames did not pay.
+    pub made_whole: usize,
     /// The time read once per batch for the FDB (a clock read is a system call where
     /// the vDSO has no usable clock, as in a Xen PV dom0; ages count in seconds), and
     /// how many frames have used it.

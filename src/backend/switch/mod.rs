@@ -700,6 +700,7 @@ impl Switch {
         ctx: &mut DeliverCtx,
         then: impl FnOnce(&Frame, &mut DeliverCtx) -> Option<T>,
     ) -> Option<T> {
+        ctx.made_whole += 1;
         let mut buf = std::mem::take(&mut ctx.whole);
         let out = match frame.gather(&mut buf) {
             Ok(()) => {

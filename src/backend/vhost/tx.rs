@@ -41,6 +41,10 @@ pub struct TxWorker {
     /// take one chain at a time, so a hold stops the queue at the frame that went
     /// over, not a batch later. Cleared by a whole batch without a hold.
     paced: bool,
+    /// Batches still taken without one-copy frames: most of the last ones went
+    /// where they had to be made whole (to a tap, say), so a copy of them is taken
+    /// at once and their chains go back before they are sent.
+    one_copy_pause: u32,
     pub timer: Option<OneShotTimer>,
     pub completion: TxCompletion,
 }
@@ -48,6 +52,9 @@ pub struct TxWorker {
 /// Frames of this many bytes or more go guest to guest with one copy: below it, a
 /// second copy of a few cache lines costs less than the pieces' bookkeeping.
 const ONE_COPY_FROM: usize = 512;
+/// Batches taken without one-copy frames after a batch whose one-copy frames were
+/// mostly made whole; then one batch tries again.
+const ONE_COPY_PAUSE: u32 = 64;
 
 impl Default for TxWorker {
     fn default() -> Self {
@@ -55,6 +62,7 @@ impl Default for TxWorker {
             batch: TxBatch::new(TX_BATCH, TX_ARENA),
             ctx: DeliverCtx::holding(),
             paced: false,
+            one_copy_pause: 0,
             timer: None,
             completion: TxCompletion::default(),
         }
@@ -138,12 +146,23 @@ fn take_and_send(
     let Some(pending) = ring.pending(&hm) else {
         return Take::Broken;
     };
-    w.batch
-        .set_one_copy(port.cfg.one_copy.then_some(ONE_COPY_FROM));
+    let one_copy = port.cfg.one_copy && w.one_copy_pause == 0;
+    w.one_copy_pause = w.one_copy_pause.saturating_sub(1);
+    w.batch.set_one_copy(one_copy.then_some(ONE_COPY_FROM));
     let n = w.batch.take(&mut ring, &hm, pending, hdr_len, max);
+    let one_copy_frames = w.batch.one_copy_frames();
+    // A batch copied whole goes back before it is sent, so the guest has its buffers
+    // while the frames travel; one with one-copy frames once they have been read.
+    let mut back = None;
+    if one_copy_frames == 0 {
+        back = Some(give_back(&mut ring, &hm, w));
+    }
+    w.ctx.made_whole = 0;
     send_batch(s, &hm, w);
-    let bad_heads = w.batch.give_back(&mut ring, &hm);
-    let published = ring.publish_used(&hm);
+    if one_copy_frames > 0 && 2 * w.ctx.made_whole >= one_copy_frames {
+        w.one_copy_pause = ONE_COPY_PAUSE;
+    }
+    let (bad_heads, published) = back.unwrap_or_else(|| give_back(&mut ring, &hm, w));
     ring.store(q);
     drop(st);
     if bad_heads > 0 || !published {
@@ -152,6 +171,13 @@ fn take_and_send(
         }
     }
     Take::Chains(n)
+}
+
+/// Hands the batch's chains back and publishes them: the heads that could not be
+/// handed back, and whether the used index could be written.
+fn give_back(ring: &mut SplitRing, hm: &HostMem<'_>, w: &mut TxWorker) -> (usize, bool) {
+    let bad_heads = w.batch.give_back(ring, hm);
+    (bad_heads, ring.publish_used(hm))
 }
 
 /// Drains the TX queue of `pair`: every chain becomes a frame for the switch. With
