@@ -339,9 +339,15 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
         for c in &next {
             check_walk(&hm, &split, c, max_descs);
         }
+        // Only chains short enough to become frames are read: the others are never
+        // compared, and reading them would cost gigabytes a batch.
         let before: Vec<Vec<Vec<u8>>> = next
             .iter()
             .map(|c| {
+                let total: u64 = c.descs.iter().map(|d| u64::from(d.len())).sum();
+                if total > (MAX_FRAME + HDR_LEN) as u64 {
+                    return Vec::new();
+                }
                 c.descs
                     .iter()
                     .map(|d| {
