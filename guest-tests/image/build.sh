@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the gsonet test guest: a Debian bookworm-backports 6.12 kernel and a
-# busybox initramfs with virtio_net, iperf3, ethtool, the UDP GSO tools and tcp_rr.
+# busybox initramfs with virtio_net, virtio_mem, iperf3, ethtool, the UDP GSO tools and tcp_rr.
 # Output: guest-tests/.cache/{bzImage,initramfs.cpio.gz,stamp}. Rebuilt only
 # when this script, its inputs or the host packages it copies from change.
 # Env: GSONET_GUEST_KERNEL=6.1 builds the second guest instead, on Debian 12's
@@ -104,7 +104,7 @@ for applet in $("$BUSYBOX" --list); do
     [ "$applet" = busybox ] && continue
     ln -sf busybox "$T/bin/$applet"
 done
-# virtio_net and virtio_pci with their dependencies, in load order (a module built
+# virtio_net, virtio_pci and virtio_mem with their dependencies, in load order (a module built
 # into the kernel is not there and needs no loading; virtio_net must be one or the other).
 : > "$T/lib/modules/load.order"
 add_module() {
@@ -129,6 +129,8 @@ add_module() {
 }
 add_module virtio_pci
 add_module virtio_net
+# virtio-mem devices (memory grown and shrunk at run time; test_memory_hotplug.py)
+add_module virtio_mem
 
 # Dynamic binaries with their shared libraries (ldd), replacing busybox applets
 # of the same name where they exist.
