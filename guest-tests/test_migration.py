@@ -36,7 +36,7 @@ import pytest
 from harness.gsonet import Gsonet
 from harness.hostnet import alloc_subnet, delete_link, set_addr
 from harness.iperf import iperf3_guest_server
-from harness.migration import MigGuest, Qmp
+from harness.migration import MigGuest, Qmp, migrate, wait_resumed
 from harness.qemu import mac_for, vhost_user_netdev
 from harness.transfer import MIB, OneShotServer
 
@@ -139,25 +139,10 @@ def _migrate(tmp: Path, record_measurement, device_props: dict | None, tag: str)
         time.sleep(3)
         capture = Capture(tap, mac)
         before = gs.stats()
-        qs.cmd("migrate", uri=f"unix:{mig}")
-        deadline = time.monotonic() + 240
-        while True:
-            info = qs.cmd("query-migrate")
-            if info.get("status") == "completed":
-                break
-            if info.get("status") in ("failed", "cancelled") or time.monotonic() > deadline:
-                raise AssertionError(f"migration {info}\n{src.qemu_stderr()[-2000:]}"
-                                     f"\n{dst.qemu_stderr()[-2000:]}")
-            time.sleep(0.2)
+        info = migrate(qs, f"unix:{mig}", (src, dst))
         out["downtime_ms"] = info["downtime"]
         out["total_ms"] = info["total-time"]
-        # The destination resumes by itself (autostart); its RESUME event has the time.
-        deadline = time.monotonic() + 60
-        while qd.event_time("RESUME") is None:
-            assert time.monotonic() < deadline, f"no RESUME on the destination: {qd.events}"
-            qd.cmd("query-status")
-            time.sleep(0.05)
-        resumed = qd.event_time("RESUME")
+        resumed = wait_resumed(qd)
         # The source stays (paused) until the guest was heard on port B, as a management
         # layer keeps it until the destination runs: its FDB entries then still point at
         # port A, and the guest's first frame through B is a move.
