@@ -23,6 +23,9 @@
 //!   second (fills the MAC table).
 //! - `reset-loop`: SET_FEATURES (a device reset to gsonet) and a malformed TX chain,
 //!   `--rate` times a second.
+//! - `mem-storm`: a running device (RX buffers posted) whose frontend adds a 64 MiB
+//!   memory region (ADD_MEM_REG, a new sealed memfd each time) and removes it again
+//!   (REM_MEM_REG) as fast as gsonet acknowledges them, or `--rate` changes a second.
 
 #[path = "../tests/common/frames.rs"]
 mod frames;
@@ -51,6 +54,7 @@ enum Attack {
     Gso1,
     MacFlood,
     ResetLoop,
+    MemStorm,
 }
 
 #[derive(Parser, Debug)]
@@ -64,7 +68,8 @@ struct Args {
     /// A second port socket: the attacker's peer (needed by rx-*, gso1, mac-flood).
     #[arg(long)]
     sink: Option<PathBuf>,
-    /// Frames (gso1, mac-flood) or resets (reset-loop) a second.
+    /// Frames (gso1, mac-flood), resets (reset-loop) or memory changes (mem-storm) a
+    /// second; mem-storm's default is as fast as gsonet acknowledges.
     #[arg(long)]
     rate: Option<f64>,
     /// ARP broadcasts a second from the sink during the RX attacks.
@@ -189,7 +194,7 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let needs_sink = !matches!(
         args.attack,
-        Attack::Idle | Attack::AvailJump | Attack::ResetLoop
+        Attack::Idle | Attack::AvailJump | Attack::ResetLoop | Attack::MemStorm
     );
     if needs_sink {
         let sink = args
@@ -295,6 +300,28 @@ fn main() -> Result<()> {
                 let _ = fe.reclaim_tx();
                 n += 1;
                 pace(start, n, rate);
+            }
+        }
+        Attack::MemStorm => {
+            let mut fe = connect(&args.socket, HONEST, 256)?;
+            fe.post_rx(256, 2048)?;
+            // Above the boot memory (the test frontend's regions are 4 GiB apart);
+            // every ADD and REM waits for gsonet's REPLY_ACK.
+            const GPA: u64 = 1 << 32;
+            let mut said = Instant::now();
+            while running() {
+                fe.add_region(GPA, 64 << 20)?;
+                fe.remove_region(GPA)?;
+                n += 2;
+                if let Some(rate) = args.rate {
+                    pace(start, n, rate);
+                }
+                // What gsonet let through, once a second (the log noisy.py keeps).
+                if said.elapsed() >= Duration::from_secs(1) {
+                    said = Instant::now();
+                    let t = start.elapsed().as_secs_f64();
+                    eprintln!("attacker: mem-storm: {n} changes in {t:.1} s");
+                }
             }
         }
     }

@@ -30,7 +30,7 @@ from harness.process import HarnessError, stop  # noqa: E402
 from harness.qemu import vhost_user_netdev  # noqa: E402
 
 ATTACKS = ["idle", "rx-indirect", "rx-indirect-noneg", "rx-tiny", "avail-jump", "gso1",
-           "mac-flood", "reset-loop"]
+           "mac-flood", "reset-loop", "mem-storm"]
 ATTACKER = os.environ.get("GSONET_ATTACKER",
                           str(ROOT / "target" / "release" / "examples" / "attacker"))
 TARGET = 0.8
