@@ -220,8 +220,41 @@ impl<'a> HostMem<'a> {
     /// Reads `N` bytes at `addr` (a descriptor).
     pub fn read_array<const N: usize>(&self, addr: u64) -> Option<[u8; N]> {
         let mut v = [0u8; N];
-        self.read(addr, &mut v).ok()?;
+        match self.span(addr, N) {
+            // SAFETY: `s` is `N` mapped bytes (`span`), copied into gsonet's own array;
+            // a copy of constant size is a few moves, not a call.
+            Some(s) if s.len == N => unsafe {
+                std::ptr::copy_nonoverlapping(s.host, v.as_mut_ptr(), N)
+            },
+            _ => self.read(addr, &mut v).ok()?,
+        }
         Some(v)
+    }
+
+    /// Writes a split ring's used element (`id`, `len`) at `addr`: two aligned
+    /// 32-bit stores rather than a call to copy eight bytes (the element is only
+    /// 4-byte aligned). False if the eight bytes are not mapped and aligned.
+    pub fn store_used_elem(&self, addr: u64, id: u32, len: u32) -> bool {
+        if !addr.is_multiple_of(4) {
+            return self.write_pair(addr, id, len);
+        }
+        let Some(s) = self.span(addr, 8).filter(|s| s.len == 8) else {
+            return self.write_pair(addr, id, len);
+        };
+        // SAFETY: eight mapped bytes (`span`), 4-byte aligned (checked above).
+        unsafe {
+            std::ptr::write_volatile(s.host as *mut u32, id.to_le());
+            std::ptr::write_volatile(s.host.add(4) as *mut u32, len.to_le());
+        }
+        s.region.bitmap().mark_dirty(s.offset, 8);
+        true
+    }
+
+    fn write_pair(&self, addr: u64, id: u32, len: u32) -> bool {
+        let mut elem = [0u8; 8];
+        elem[..4].copy_from_slice(&id.to_le_bytes());
+        elem[4..].copy_from_slice(&len.to_le_bytes());
+        self.write(addr, &elem).is_ok()
     }
 }
 

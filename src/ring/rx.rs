@@ -141,7 +141,7 @@ pub fn write_frame_in(
     let need = fmt.hdr_len + src.len();
     scratch.descs.clear();
     scratch.chains.clear();
-    let Some(mut avail) = ring.pending(hm) else {
+    let Some(mut avail) = ring.pending_cached(hm) else {
         return Err(RxError::BadChain);
     };
 
@@ -153,8 +153,18 @@ pub fn write_frame_in(
             return Err(RxError::TooFragmented);
         }
         if avail == 0 {
-            ring.unpop(scratch.chains.len() as u16);
-            return Err(RxError::NoBuffers);
+            // The index read last may be behind what the driver has posted since.
+            avail = match ring.pending_fresh(hm) {
+                Some(n) if n > 0 => n,
+                Some(_) => {
+                    ring.unpop(scratch.chains.len() as u16);
+                    return Err(RxError::NoBuffers);
+                }
+                None => {
+                    ring.unpop(scratch.chains.len() as u16);
+                    return Err(RxError::BadChain);
+                }
+            };
         }
         avail -= 1;
         let Some(head) = ring.pop(hm) else {

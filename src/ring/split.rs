@@ -167,6 +167,8 @@ pub struct SplitRing {
     pub next_avail: Wrapping<u16>,
     pub next_used: Wrapping<u16>,
     pub event_idx: bool,
+    /// The avail index as last read (`pending_cached`), if the caller kept it.
+    pub avail_seen: Option<Wrapping<u16>>,
 }
 
 impl SplitRing {
@@ -179,6 +181,7 @@ impl SplitRing {
             next_avail: Wrapping(q.next_avail()),
             next_used: Wrapping(q.next_used()),
             event_idx: q.event_idx_enabled(),
+            avail_seen: None,
         }
     }
 
@@ -198,6 +201,32 @@ impl SplitRing {
     pub fn pending(&self, hm: &HostMem<'_>) -> Option<u16> {
         let n = (self.avail_idx(hm)? - self.next_avail).0;
         (n <= self.size && self.size > 0).then_some(n)
+    }
+
+    /// `pending`, from the avail index read last while that still shows chains
+    /// past `next_avail`: the line the driver writes is read once per run of
+    /// buffers, not once per frame (an RX queue written by a batch of frames).
+    pub fn pending_cached(&mut self, hm: &HostMem<'_>) -> Option<u16> {
+        if let Some(seen) = self.avail_seen {
+            let n = (seen - self.next_avail).0;
+            if n > 0 && n <= self.size {
+                return Some(n);
+            }
+        }
+        self.pending_fresh(hm)
+    }
+
+    /// `pending`, the avail index read anew (and kept for `pending_cached`).
+    pub fn pending_fresh(&mut self, hm: &HostMem<'_>) -> Option<u16> {
+        self.avail_seen = None;
+        let idx = self.avail_idx(hm)?;
+        let n = (idx - self.next_avail).0;
+        if n <= self.size && self.size > 0 {
+            self.avail_seen = Some(idx);
+            Some(n)
+        } else {
+            None
+        }
     }
 
     /// Takes the next available head (the caller knows from `pending` that there is
@@ -228,13 +257,8 @@ impl SplitRing {
             return false;
         }
         let slot = u64::from(self.next_used.0 % self.size);
-        let mut elem = [0u8; USED_ELEM as usize];
-        elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
-        elem[4..].copy_from_slice(&len.to_le_bytes());
-        if hm
-            .write(self.used + USED_HEADER + slot * USED_ELEM, &elem)
-            .is_err()
-        {
+        let at = self.used + USED_HEADER + slot * USED_ELEM;
+        if !hm.store_used_elem(at, u32::from(head), len) {
             return false;
         }
         self.next_used += 1;
@@ -327,6 +351,29 @@ mod tests {
         assert_eq!((e.id(), e.len()), (u32::from(head), 7));
         r.store(&mut q);
         assert_eq!((q.next_avail(), q.next_used()), (1, 1));
+    }
+
+    #[test]
+    fn the_kept_avail_index_is_read_again_only_when_it_shows_nothing_left() {
+        let m = GuestMem::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let h = HostMem::new(&m);
+        let mock = MockSplitQueue::new(&m, 16);
+        let q: Queue = mock.create_queue().unwrap();
+        let mut r = SplitRing::of(&q);
+        mock.avail().idx().store(2);
+        assert_eq!(r.pending_cached(&h), Some(2));
+        // The driver posts more: the kept index still shows chains, so it is used.
+        mock.avail().idx().store(5);
+        assert_eq!(r.pending_cached(&h), Some(2));
+        r.next_avail += 2;
+        // Nothing left by the kept index: read anew.
+        assert_eq!(r.pending_cached(&h), Some(3));
+        assert_eq!(r.pending_fresh(&h), Some(3));
+        // An index more than a queue ahead is refused and nothing is kept.
+        mock.avail().idx().store(40);
+        r.next_avail += 3;
+        assert_eq!(r.pending_cached(&h), None);
+        assert_eq!(r.avail_seen, None);
     }
 
     #[test]

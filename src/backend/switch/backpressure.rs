@@ -355,7 +355,8 @@ pub fn forward_holding(
     held: &mut Held,
 ) -> bool {
     let mut views = ViewBuf::default();
-    let Some(route) = switch.route(src, frame, &mut views, ctx.now()) else {
+    let now = ctx.now();
+    let Some(route) = switch.route(src, frame, &mut views, now, &mut ctx.fdb_memo) else {
         return false;
     };
     let Some(dst) = route.unicast() else {

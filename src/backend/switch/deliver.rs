@@ -192,6 +192,8 @@ pub struct DeliverCtx {
     /// the vDSO has no usable clock, as in a Xen PV dom0; ages count in seconds), and
     /// how many frames have used it.
     batch_now: Option<(Instant, u32)>,
+    /// The FDB's last answer to this sender (`Switch::route`).
+    pub fdb_memo: super::fdb::FdbMemo,
 }
 
 impl DeliverCtx {

@@ -3,6 +3,8 @@
 //! source addresses only ever evicts its own; every operation a frame makes is O(1).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use ahash::RandomState;
 use std::time::{Duration, Instant};
@@ -77,6 +79,11 @@ pub struct Fdb {
     /// Addresses the operator configured: never aged, never moved by learning.
     pinned: HashMap<FdbKey, Endpoint, RandomState>,
     aging: Duration,
+    /// Changes to what the table answers (an address learnt, moved, forgotten,
+    /// pinned; an endpoint added or removed), counted under the table's lock and
+    /// read without it: a sender reuses an answer while this has not moved
+    /// (`Switch::route`). A refreshed date is not a change.
+    changes: Arc<AtomicU64>,
     /// Entries removed so far: every loop over a list removes one per step, so this
     /// counts the work beyond the O(1) map and list updates (tests).
     #[cfg(test)]
@@ -96,6 +103,7 @@ impl Fdb {
             spare: Vec::new(),
             pinned: HashMap::default(),
             aging,
+            changes: Arc::new(AtomicU64::new(0)),
             #[cfg(test)]
             removed: 0,
         };
@@ -111,6 +119,7 @@ impl Fdb {
     /// Makes room for endpoint `at`, which may learn `limit` addresses (at least one).
     /// An endpoint not in the table learns nothing.
     pub fn add(&mut self, at: Endpoint, limit: usize) {
+        self.changed();
         let lru = Lru {
             head: NIL,
             tail: NIL,
@@ -138,6 +147,7 @@ impl Fdb {
     /// Takes endpoint `at` out: what it learned goes, in O(its addresses), and it
     /// learns nothing more.
     pub fn remove(&mut self, at: Endpoint) {
+        self.changed();
         self.forget(at);
         if let Some(l) = self.index.remove(&at) {
             self.spare.push(l);
@@ -147,6 +157,7 @@ impl Fdb {
     /// Unpins `key` if it is pinned to `at`.
     pub fn unpin(&mut self, key: &FdbKey, at: Endpoint) {
         if self.pinned.get(key) == Some(&at) {
+            self.changed();
             self.pinned.remove(key);
         }
     }
@@ -159,7 +170,22 @@ impl Fdb {
         if let Some(&i) = self.map.get(&key) {
             self.remove_entry(i);
         }
+        self.changed();
         self.pinned.insert(key, at);
+    }
+
+    /// The counter of changes (see the field), for reading without the lock.
+    pub fn changes(&self) -> Arc<AtomicU64> {
+        self.changes.clone()
+    }
+
+    /// The changes counted so far (under the lock).
+    pub fn generation(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
+    }
+
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::Release);
     }
 
     fn aged(&self, i: u32, now: Instant) -> bool {
@@ -201,6 +227,7 @@ impl Fdb {
     }
 
     fn remove_entry(&mut self, i: u32) {
+        self.changed();
         #[cfg(test)]
         {
             self.removed += 1;
@@ -264,6 +291,7 @@ impl Fdb {
                 e.moved = Some(now);
                 self.push_front(l, i);
                 self.evict_over_quota(l);
+                self.changed();
                 return Learned::Moved { from };
             }
             // Forgotten where it was: learnt anew here, not a move.
@@ -297,6 +325,7 @@ impl Fdb {
         self.map.insert(key, i);
         self.push_front(l, i);
         self.evict_over_quota(l);
+        self.changed();
         Learned::New
     }
 
@@ -335,6 +364,36 @@ impl Fdb {
 
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
+    }
+}
+
+/// What a sender's last frame asked the table, and when: its source, addresses, the
+/// batch's time and the table's changes then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoKey {
+    pub src: Endpoint,
+    pub domain: Domain,
+    pub from: Mac,
+    pub to: Mac,
+    pub now: Instant,
+    pub generation: u64,
+}
+
+/// A sender's last answer from the table (the destination known for `MemoKey`, if
+/// any), so the next frames of its batch between the same two addresses skip the
+/// table's lock and both lookups. Learning the same source again at the same time
+/// changes nothing, and any change to the table moves its generation, so the answer
+/// is the one the table would give.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FdbMemo(Option<(MemoKey, Option<Endpoint>)>);
+
+impl FdbMemo {
+    pub fn get(&self, key: &MemoKey) -> Option<Option<Endpoint>> {
+        self.0.filter(|(k, _)| k == key).map(|(_, known)| known)
+    }
+
+    pub fn set(&mut self, key: MemoKey, known: Option<Endpoint>) {
+        self.0 = Some((key, known));
     }
 }
 
@@ -380,6 +439,34 @@ mod tests {
         assert_eq!(fwd, back, "list links disagree");
         assert_eq!(fwd.len(), f.lists[l].len);
         fwd
+    }
+
+    #[test]
+    fn the_generation_moves_with_every_answer_that_changes_and_not_with_a_refresh() {
+        let mut f = fdb(300, 8);
+        let t = Instant::now();
+        let g = |f: &Fdb| f.generation();
+        let g0 = g(&f);
+        assert_eq!(f.learn(key(1), P0, t), Learned::New);
+        let g1 = g(&f);
+        assert!(g1 > g0);
+        assert_eq!(
+            f.learn(key(1), P0, t + Duration::from_secs(1)),
+            Learned::Known
+        );
+        assert_eq!(f.lookup(&key(1), t), Some(P0));
+        assert_eq!(g(&f), g1, "a refresh or a lookup is not a change");
+        assert!(matches!(
+            f.learn(key(1), P1, t + MOVE_HOLD * 2),
+            Learned::Moved { .. }
+        ));
+        let g2 = g(&f);
+        assert!(g2 > g1);
+        f.forget(P1);
+        let g3 = g(&f);
+        assert!(g3 > g2);
+        f.pin(key(2), P2);
+        assert!(g(&f) > g3);
     }
 
     #[test]

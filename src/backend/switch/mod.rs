@@ -15,7 +15,8 @@ pub mod stable;
 pub mod vlan;
 pub mod write_batch;
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,7 +32,7 @@ use crate::stats::{Counters, DropReason};
 use crate::vnet_hdr::VirtioNetHdr;
 use backpressure::RxRoom;
 use deliver::{deliver, DeliverCtx, Destination, OnFull, Outcome};
-use fdb::{Fdb, Learned, UPLINK_MAC_LIMIT};
+use fdb::{Fdb, FdbMemo, Learned, MemoKey, UPLINK_MAC_LIMIT};
 use vlan::{classify, Attach, ViewBuf};
 
 /// Where a frame came from or goes to.
@@ -321,6 +322,8 @@ pub struct Switch {
     /// not used yet; frames never take it.
     change: Mutex<(usize, usize)>,
     fdb: Mutex<Fdb>,
+    /// The FDB's change counter, read without its lock (`FdbMemo`).
+    fdb_changes: Arc<AtomicU64>,
     rx_room: RxRoom,
     /// What the uplinks were last programmed with.
     programmed: Mutex<Option<Caps>>,
@@ -381,10 +384,12 @@ impl Switch {
             .enumerate()
             .map(|(id, uplink)| UplinkSlot { id, uplink })
             .collect();
+        let fdb = Fdb::new(aging, &port_limits, &uplink_limits);
         let sw = Switch {
             topo: ArcSwap::from_pointee(Topology::new(ports, uplinks)),
             change: Mutex::new((port_limits.len(), uplink_limits.len())),
-            fdb: Mutex::new(Fdb::new(aging, &port_limits, &uplink_limits)),
+            fdb_changes: fdb.changes(),
+            fdb: Mutex::new(fdb),
             rx_room: RxRoom::default(),
             programmed: Mutex::new(None),
         };
@@ -531,13 +536,15 @@ impl Switch {
     /// VLAN, learns its source, looks up its destination and builds the tagged or
     /// untagged view the destinations need (`views` holds it). `None`: nowhere to go
     /// (dropped and counted at the source, a hairpin, or a source no longer in the
-    /// switch). `now` dates what the FDB learns and looks up.
+    /// switch). `now` dates what the FDB learns and looks up; `memo` is the sender's
+    /// last answer from it.
     pub fn route<'a>(
         &'a self,
         src: Endpoint,
         frame: &Frame<'a>,
         views: &'a mut ViewBuf<'a>,
         now: Instant,
+        memo: &mut FdbMemo,
     ) -> Option<Route<'a>> {
         let topo = self.topo.load();
         let t: &Topology = &topo;
@@ -567,15 +574,30 @@ impl Switch {
         };
         let domain = ingress.domain;
         let foreign = domain.is_none() && frame.tag != Tag::Untagged;
-        let (learned, known) = {
-            let mut fdb = self.fdb.lock().unwrap_or_else(|e| e.into_inner());
-            let learned = fdb.learn((domain, frame.src), src, now);
-            let known = match learned {
-                Learned::Refused(_) => None,
-                _ if frame.dst.is_multicast() => None,
-                _ => fdb.lookup(&(domain, frame.dst), now),
-            };
-            (learned, known)
+        let mut key = MemoKey {
+            src,
+            domain,
+            from: frame.src,
+            to: frame.dst,
+            now,
+            generation: self.fdb_changes.load(Acquire),
+        };
+        let (learned, known) = match memo.get(&key) {
+            Some(known) => (Learned::Known, known),
+            None => {
+                let mut fdb = self.fdb.lock().unwrap_or_else(|e| e.into_inner());
+                let learned = fdb.learn((domain, frame.src), src, now);
+                let known = match learned {
+                    Learned::Refused(_) => None,
+                    _ if frame.dst.is_multicast() => None,
+                    _ => fdb.lookup(&(domain, frame.dst), now),
+                };
+                if matches!(learned, Learned::Known | Learned::New) {
+                    key.generation = fdb.generation();
+                    memo.set(key, known);
+                }
+                (learned, known)
+            }
         };
         match learned {
             Learned::Refused(reason) => {
@@ -675,7 +697,8 @@ impl Switch {
             return;
         }
         let mut views = ViewBuf::default();
-        let Some(route) = self.route(src, frame, &mut views, ctx.now()) else {
+        let now = ctx.now();
+        let Some(route) = self.route(src, frame, &mut views, now, &mut ctx.fdb_memo) else {
             return;
         };
         if frame.guest.is_some() && route.known.is_none() {
@@ -1198,6 +1221,38 @@ mod vlan_forwarding {
         plain(&net, Endpoint::Uplink(0), &frame(x, mac(9), Some(10)));
         assert_eq!(attempts(&net), [0, 1, 0, 0]);
         assert_eq!(net.ports[P10A].stats.mac_moves.load(Relaxed), 0);
+    }
+
+    /// One sender's batch (one `DeliverCtx`, one clock reading): the FDB's answer is
+    /// reused between the same two addresses, and still every change made meanwhile
+    /// (an address learnt elsewhere, a port's addresses forgotten) counts at once.
+    #[test]
+    fn a_batch_reuses_the_fdb_answer_only_while_the_fdb_is_unchanged() {
+        let net = setup();
+        let bc = Mac::BROADCAST;
+        let (a, x) = (mac(1), mac(2));
+        let mut batch = DeliverCtx::default();
+        let to_x = frame(x, a, None);
+        let parts = [&to_x[..]];
+        let f = Frame::new(VirtioNetHdr::default(), &parts, None).unwrap();
+        let from_a = |batch: &mut DeliverCtx| net.sw.forward(Endpoint::Port(P10A), 0, &f, batch);
+        // X unknown: flooded within VLAN 10, twice (the second from the memo).
+        from_a(&mut batch);
+        from_a(&mut batch);
+        assert_eq!(attempts(&net), [0, 2, 0, 0]);
+        net.up.take();
+        // X shows up behind the uplink: the same batch's next frame goes there only.
+        plain(&net, Endpoint::Uplink(0), &frame(bc, x, Some(10)));
+        attempts(&net);
+        from_a(&mut batch);
+        from_a(&mut batch);
+        assert_eq!(attempts(&net), [0, 0, 0, 0]);
+        assert_eq!(net.up.take().len(), 2);
+        // The uplink's addresses are forgotten: flooded again.
+        net.sw.fdb.lock().unwrap().forget(Endpoint::Uplink(0));
+        from_a(&mut batch);
+        assert_eq!(attempts(&net), [0, 1, 0, 0]);
+        assert_eq!(net.up.take().len(), 1);
     }
 
     #[test]

@@ -63,11 +63,16 @@ struct RxSlot {
     announced: Option<Wrapping<u16>>,
     /// Frames were written whose used entries are not published yet.
     unpublished: bool,
+    /// The avail index read last and the avail ring it was read from, kept until
+    /// the next publish (the end of the sender's batch, or before a ring moves or
+    /// stops): the frames of one batch read the driver's index line once.
+    avail_seen: Option<(u64, Wrapping<u16>)>,
 }
 
 impl RxSlot {
     /// Publishes the used entries written since the last publish.
     fn publish(&mut self, mem: Option<&GuestMem>) {
+        self.avail_seen = None;
         if !std::mem::take(&mut self.unpublished) {
             return;
         }
@@ -439,6 +444,7 @@ impl Port {
             scratch,
             broken,
             unpublished,
+            avail_seen,
             ..
         } = &mut *slot;
         if *broken {
@@ -459,7 +465,10 @@ impl Port {
         let hm = HostMem::new(mem);
         let q = state.get_queue_mut();
         let mut ring = SplitRing::of(q);
-        if ring.pending(&hm).is_none() {
+        ring.avail_seen = avail_seen
+            .filter(|(ring_at, _)| *ring_at == ring.avail)
+            .map(|(_, seen)| seen);
+        if ring.pending_cached(&hm).is_none() {
             // A ring whose avail index jumped is not written to again until its
             // device is set up anew: every later frame costs O(1). (A single bad
             // chain is consumed and counted; the queue goes on.)
@@ -470,6 +479,7 @@ impl Port {
         // store for the batch, not one per frame on a line the guest polls.
         let r = rx::write_frame_in(&mut ring, &hm, scratch, hdr, fmt, src, false);
         ring.store(q);
+        *avail_seen = ring.avail_seen.map(|seen| (ring.avail, seen));
         *unpublished |= r.is_ok();
         if r == Err(RxError::NoBuffers) {
             // Ask the guest to kick when it adds buffers (avail_event = next_avail, or
