@@ -82,15 +82,18 @@ impl<'a> Frame<'a> {
     /// Copies every byte of the frame into `buf` (grown to fit): the buffer a
     /// one-copy frame is made whole in.
     pub fn gather(&self, buf: &mut Vec<u8>) -> Result<(), DropReason> {
-        if buf.len() < self.len {
-            buf.resize(self.len, 0);
-        }
-        let n = parse::gather(self.parts, &mut buf[..self.len]);
         match &self.guest {
             Some(t) => t
-                .read_into(&mut buf[n..self.len])
+                .gather(self.parts, buf)
+                .map(|_| ())
                 .map_err(|_| DropReason::BadAddress),
-            None => Ok(()),
+            None => {
+                if buf.len() < self.len {
+                    buf.resize(self.len, 0);
+                }
+                parse::gather(self.parts, &mut buf[..self.len]);
+                Ok(())
+            }
         }
     }
 

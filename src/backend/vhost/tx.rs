@@ -20,7 +20,6 @@ use crate::ring::host::HostMem;
 use crate::ring::split::SplitRing;
 use crate::ring::tx::{self, GuestTail, TxBatch, TxError};
 use crate::ring::GuestMem;
-use crate::segment::parse;
 use crate::stats::DropReason;
 use crate::sys::timer::OneShotTimer;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
@@ -118,7 +117,8 @@ enum Take {
 }
 
 /// Takes up to `max` chains, sends their frames on and hands the chains back, all
-/// under one hold of the vring's lock: each chain is walked, checked and copied into
+/// under one hold of the vring's lock (a batch copied whole lets go of it once its
+/// chains are back, before its frames are sent): each chain is walked, checked and copied into
 /// the worker's arena (a one-copy frame: its headers only), the frames go to the
 /// switch (a one-copy frame's other bytes straight from the guest's buffers into the
 /// receiver's), then every chain gets its used entry and the used index moves once.
@@ -151,20 +151,27 @@ fn take_and_send(
     w.batch.set_one_copy(one_copy.then_some(ONE_COPY_FROM));
     let n = w.batch.take(&mut ring, &hm, pending, hdr_len, max);
     let one_copy_frames = w.batch.one_copy_frames();
-    // A batch copied whole goes back before it is sent, so the guest has its buffers
-    // while the frames travel; one with one-copy frames once they have been read.
-    let mut back = None;
-    if one_copy_frames == 0 {
-        back = Some(give_back(&mut ring, &hm, w));
-    }
     w.ctx.made_whole = 0;
-    send_batch(s, &hm, w);
-    if one_copy_frames > 0 && 2 * w.ctx.made_whole >= one_copy_frames {
-        w.one_copy_pause = ONE_COPY_PAUSE;
-    }
-    let (bad_heads, published) = back.unwrap_or_else(|| give_back(&mut ring, &hm, w));
-    ring.store(q);
-    drop(st);
+    let (bad_heads, published) = if one_copy_frames == 0 {
+        // A batch copied whole goes back before it is sent, and the lock with it:
+        // the guest has its buffers, and its frontend the ring, while the frames
+        // travel.
+        let back = give_back(&mut ring, &hm, w);
+        ring.store(q);
+        drop(st);
+        send_batch(s, &hm, w);
+        back
+    } else {
+        // One with one-copy frames once they have been read.
+        send_batch(s, &hm, w);
+        if 2 * w.ctx.made_whole >= one_copy_frames {
+            w.one_copy_pause = ONE_COPY_PAUSE;
+        }
+        let back = give_back(&mut ring, &hm, w);
+        ring.store(q);
+        drop(st);
+        back
+    };
     if bad_heads > 0 || !published {
         if let Some(quiet) = port.log.allow() {
             warn!(port = %port.name(), suppressed = quiet, bad_heads, "TX chains could not be handed back (head outside the ring, or the used ring unmapped)");
@@ -388,14 +395,8 @@ fn send_whole(
     ctx: &mut DeliverCtx,
 ) {
     let mut buf = std::mem::take(&mut ctx.whole);
-    let n = head.iter().map(|p| p.len()).sum::<usize>();
-    let len = n + tail.len;
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
-    parse::gather(head, &mut buf[..n]);
-    match tail.read_into(&mut buf[n..len]) {
-        Ok(()) => {
+    match tail.gather(head, &mut buf) {
+        Ok(len) => {
             let parts = [&buf[..len]];
             s.forward(tx_frame(s.tx_caps, hdr, &parts), ctx);
         }
