@@ -51,6 +51,18 @@ def _vif(run: xen.XenRun, tag: str, domid_key: str = "gsonet.domid1") -> dict:
     return _port(run, tag, f"vif{run.results[domid_key]}.0")
 
 
+def _vif_queues(run: xen.XenRun, tag: str, domid_key: str = "gsonet.domid1") -> list[dict]:
+    """The per-queue counters (`queues` of the port entry) of the vif in snapshot
+    ``tag``."""
+    name = f"vif{run.results[domid_key]}.0"
+    snap = run.stats.get(tag)
+    assert snap is not None, f"no stats snapshot {tag}: {run.log_path}"
+    for entry in snap.get("ports", []):
+        if entry.get("name") == name:
+            return entry.get("queues", [])
+    raise AssertionError(f"no {name} in stats {tag}: {snap}")
+
+
 def _delta(run: xen.XenRun, before: str, after: str, which) -> dict:
     return counters_delta(which(run, before), which(run, after))
 
@@ -100,7 +112,8 @@ def test_two_queue_domu(xen_gsonet, record_measurement):
     cross both ways, 8 MiB md5-checked each way; and both queues carried traffic in
     both directions, as the domU's own interrupt counts of each queue's TX and RX
     event channels say (RX: gsonet steers each flow by its hash; TX: the netfront
-    picks the queue; the run opens dozens of connections)."""
+    picks the queue; the run opens dozens of connections), and as gsonet's own
+    per-queue counters (`queues` of the vif in `gsonet stats --json`) say."""
     run = _boot("two-queues", XT_SECONDS=3, XT_MD5_MIB=8, XT_DOMU_VCPUS=2,
                 XT_VIF_OPTS=",queues=2", XT_IPERF_ARGS="-P 4")
     r = run.results
@@ -120,6 +133,23 @@ def test_two_queue_domu(xen_gsonet, record_measurement):
             name = f"vif0-q{q}-{d}"
             assert name in end, (name, end, run.log_path)
             assert end[name] > start.get(name, 0), (name, start, end, run.log_path)
+    # gsonet's own counters of each queue say the same: frames from the netfront
+    # (TX, the queue it picked) and to it (RX, the queue the flow hashed to) on both
+    # queues, with their events; and the queues add up to the vif's totals.
+    q_start, q_end = _vif_queues(run, "start"), _vif_queues(run, "after_domu_to_dom0")
+    record_measurement("xen.gsonet.two_queues.queue_counters", q_end)
+    assert [q["queue"] for q in q_end] == [0, 1], (q_end, run.log_path)
+    before = {q["queue"]: q for q in q_start}
+    for q in q_end:
+        was = before.get(q["queue"], {})
+        for k in ("tx_frames", "rx_frames", "tx_kicks", "rx_calls"):
+            assert q[k] > was.get(k, 0), (q["queue"], k, q_start, q_end, run.log_path)
+    vif = _vif(run, "after_domu_to_dom0")
+    for k in ("tx_frames", "rx_frames", "tx_bytes", "rx_bytes"):
+        total = sum(q[k] for q in q_end)
+        # read apart from the vif's own, so a frame or a few may fall in between
+        slack = 8 if k.endswith("frames") else 8 * 65536
+        assert abs(total - vif[k]) <= slack, (k, total, vif[k], run.log_path)
 
 
 @pytest.mark.full

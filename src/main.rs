@@ -310,11 +310,34 @@ fn print_stats(r: &control::protocol::StatsReport) {
             );
         }
         print_counters(s);
+        // One queue's counters would repeat the port's.
+        if p.queues.len() > 1 {
+            for q in &p.queues {
+                print_queue(q);
+            }
+        }
     }
     for u in &r.uplinks {
         println!("uplink {} {} gso={:?}", u.id, u.name, u.gso);
         print_counters(&u.stats);
     }
+}
+
+fn print_queue(q: &gsonet::stats::QueueSnapshot) {
+    println!(
+        "  queue {}: from it {} frames {} bytes  to it {} frames {} bytes  kicks tx {} rx {}  calls tx {} rx {}  tx polls {}  rx ring full {}",
+        q.queue,
+        q.tx_frames,
+        q.tx_bytes,
+        q.rx_frames,
+        q.rx_bytes,
+        q.tx_kicks,
+        q.rx_kicks,
+        q.tx_calls,
+        q.rx_calls,
+        q.tx_polls,
+        q.rx_full
+    );
 }
 
 fn print_counters(s: &Snapshot) {

@@ -67,6 +67,72 @@ impl Default for DropCounters {
     }
 }
 
+/// Counters of one queue of a multi-queue endpoint (a Xen vif's queue, with a worker
+/// of its own), beside the endpoint's `Counters`: which queue the traffic and the
+/// events went through. Aligned to its own cache lines: each queue's worker bumps its
+/// own.
+#[derive(Default)]
+#[repr(align(128))]
+pub struct QueueCounters {
+    pub tx_frames: AtomicU64,
+    pub tx_bytes: AtomicU64,
+    pub rx_frames: AtomicU64,
+    pub rx_bytes: AtomicU64,
+    pub tx_kicks: AtomicU64,
+    pub rx_kicks: AtomicU64,
+    pub tx_calls: AtomicU64,
+    pub rx_calls: AtomicU64,
+    pub tx_polls: AtomicU64,
+    /// Frames for this queue that found its RX ring without room (held by the
+    /// sender, or dropped as `rx_queue_full`).
+    pub rx_full: AtomicU64,
+}
+
+/// `QueueCounters` read once, with the queue's index.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct QueueSnapshot {
+    pub queue: usize,
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+    pub rx_frames: u64,
+    pub rx_bytes: u64,
+    pub tx_kicks: u64,
+    pub rx_kicks: u64,
+    pub tx_calls: u64,
+    pub rx_calls: u64,
+    pub tx_polls: u64,
+    pub rx_full: u64,
+}
+
+impl QueueCounters {
+    pub fn tx(&self, bytes: usize) {
+        self.tx_frames.fetch_add(1, Relaxed);
+        self.tx_bytes.fetch_add(bytes as u64, Relaxed);
+    }
+
+    pub fn rx(&self, bytes: usize) {
+        self.rx_frames.fetch_add(1, Relaxed);
+        self.rx_bytes.fetch_add(bytes as u64, Relaxed);
+    }
+
+    pub fn snapshot(&self, queue: usize) -> QueueSnapshot {
+        let g = |c: &AtomicU64| c.load(Relaxed);
+        QueueSnapshot {
+            queue,
+            tx_frames: g(&self.tx_frames),
+            tx_bytes: g(&self.tx_bytes),
+            rx_frames: g(&self.rx_frames),
+            rx_bytes: g(&self.rx_bytes),
+            tx_kicks: g(&self.tx_kicks),
+            rx_kicks: g(&self.rx_kicks),
+            tx_calls: g(&self.tx_calls),
+            rx_calls: g(&self.rx_calls),
+            tx_polls: g(&self.tx_polls),
+            rx_full: g(&self.rx_full),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
 pub struct Snapshot {
     pub tx_frames: u64,

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::GsoMode;
 use crate::features::Caps;
-use crate::stats::Snapshot;
+use crate::stats::{QueueSnapshot, Snapshot};
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "lowercase")]
@@ -118,6 +118,10 @@ pub struct PortReport {
     #[serde(default)]
     pub mem_bytes: u64,
     pub stats: Snapshot,
+    /// Each queue's own counters, where a queue has a worker of its own (a Xen
+    /// vif's); absent for other ports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queues: Vec<QueueSnapshot>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -235,6 +239,11 @@ mod tests {
                 mem_regions: 3,
                 mem_bytes: 1 << 30,
                 stats: Snapshot::default(),
+                queues: vec![QueueSnapshot {
+                    queue: 1,
+                    rx_full: 2,
+                    ..QueueSnapshot::default()
+                }],
             }],
             uplinks: vec![UplinkReport {
                 id: 0,

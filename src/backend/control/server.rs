@@ -88,6 +88,7 @@ pub fn report(reg: &Registry) -> StatsReport {
                     mem_regions: p.mem_mapped().0,
                     mem_bytes: p.mem_mapped().1,
                     stats: p.stats.snapshot(),
+                    queues: Vec::new(),
                 }
             })
             .chain(r.vifs.iter().map(vif_report))
@@ -120,6 +121,7 @@ fn vif_report(v: &Arc<VifPort>) -> PortReport {
         mem_regions: 0,
         mem_bytes: 0,
         stats: v.stats.snapshot(),
+        queues: v.queue_snapshots(),
     }
 }
 

@@ -11,7 +11,7 @@ use crate::backend::control::server::report;
 use crate::backend::control::Registry as Endpoints;
 use crate::config::GsoMode;
 use crate::features::Caps;
-use crate::stats::{DropReason, Snapshot};
+use crate::stats::{DropReason, QueueSnapshot, Snapshot};
 use crate::sys::netdev;
 
 /// The labels naming one port or uplink: `kind` (port|uplink), `id` (its index, as in
@@ -182,6 +182,67 @@ const GAUGES: &[CounterFamily] = &[
     },
 ];
 
+/// A counter read from each queue's `QueueSnapshot` (a Xen vif's queues).
+struct QueueFamily {
+    name: &'static str,
+    help: &'static str,
+    value: fn(&QueueSnapshot) -> u64,
+}
+
+/// Every per-queue counter, labelled as the endpoint's plus `queue`.
+const QUEUE_COUNTERS: &[QueueFamily] = &[
+    QueueFamily {
+        name: "queue_tx_frames_total",
+        help: "Frames that entered gsonet from one queue of a port (a Xen vif's queue).",
+        value: |q| q.tx_frames,
+    },
+    QueueFamily {
+        name: "queue_tx_bytes_total",
+        help: "Bytes of the frames that entered gsonet from one queue of a port.",
+        value: |q| q.tx_bytes,
+    },
+    QueueFamily {
+        name: "queue_rx_frames_total",
+        help: "Frames gsonet staged for one queue of a port (steered by their flow's hash).",
+        value: |q| q.rx_frames,
+    },
+    QueueFamily {
+        name: "queue_rx_bytes_total",
+        help: "Bytes of the frames gsonet staged for one queue of a port.",
+        value: |q| q.rx_bytes,
+    },
+    QueueFamily {
+        name: "queue_tx_kick_wakeups_total",
+        help: "Wake-ups of a queue's worker by its TX event channel.",
+        value: |q| q.tx_kicks,
+    },
+    QueueFamily {
+        name: "queue_rx_kick_wakeups_total",
+        help: "Wake-ups of a queue's worker by its RX event channel (the frontend added receive buffers).",
+        value: |q| q.rx_kicks,
+    },
+    QueueFamily {
+        name: "queue_tx_calls_total",
+        help: "Events sent to the frontend after a queue's TX responses.",
+        value: |q| q.tx_calls,
+    },
+    QueueFamily {
+        name: "queue_rx_calls_total",
+        help: "Events sent to the frontend after a queue's RX responses.",
+        value: |q| q.rx_calls,
+    },
+    QueueFamily {
+        name: "queue_tx_polls_total",
+        help: "Times a queue's worker found TX packets by its 200 ms look, without an event.",
+        value: |q| q.tx_polls,
+    },
+    QueueFamily {
+        name: "queue_rx_full_total",
+        help: "Frames for a queue that found its RX ring without room (held by the sender, or dropped as rx_queue_full).",
+        value: |q| q.rx_full,
+    },
+];
+
 /// Every endpoint of a report with its label values and counters.
 fn endpoints(r: &StatsReport) -> Vec<([String; 3], &Snapshot)> {
     let ports = r
@@ -252,6 +313,19 @@ fn registry(r: &StatsReport) -> prometheus::Result<Registry> {
         }
     }
     reg.register(Box::new(drops))?;
+
+    for f in QUEUE_COUNTERS {
+        let c = IntCounterVec::new(Opts::new(f.name, f.help), &["kind", "id", "name", "queue"])?;
+        for p in &r.ports {
+            let id = p.id.to_string();
+            for q in &p.queues {
+                let queue = q.queue.to_string();
+                c.get_metric_with_label_values(&["port", &id, &p.name, &queue])?
+                    .inc_by((f.value)(q));
+            }
+        }
+        reg.register(Box::new(c))?;
+    }
 
     let connected = IntGaugeVec::new(
         Opts::new(
@@ -348,6 +422,53 @@ mod tests {
         assert_eq!(caps_list(&c), "csum tso6");
         assert_eq!(ifname("tap=gs0"), "gs0");
         assert_eq!(ifname("dev=eth1"), "eth1");
+    }
+
+    #[test]
+    fn a_vif_s_queues_are_series_of_their_own() {
+        use crate::backend::control::protocol::PortReport;
+        let queue = |q, rx_frames| QueueSnapshot {
+            queue: q,
+            rx_frames,
+            tx_frames: 10 + rx_frames,
+            ..QueueSnapshot::default()
+        };
+        let port = |id, name: &str, queues| PortReport {
+            id,
+            name: name.into(),
+            connected: true,
+            guest_rx: None,
+            guest_tx: None,
+            mrg_rxbuf: None,
+            max_burst: None,
+            vlan: None,
+            mem_regions: 0,
+            mem_bytes: 0,
+            stats: Snapshot::default(),
+            queues,
+        };
+        let r = StatsReport {
+            ports: vec![
+                port(0, "vm1.sock", vec![]),
+                port(3, "vif1.0", vec![queue(0, 5), queue(1, 7)]),
+            ],
+            uplinks: vec![],
+        };
+        let reg = registry(&r).unwrap();
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&reg.gather(), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        for line in [
+            r#"gsonet_queue_rx_frames_total{id="3",kind="port",name="vif1.0",queue="0"} 5"#,
+            r#"gsonet_queue_rx_frames_total{id="3",kind="port",name="vif1.0",queue="1"} 7"#,
+            r#"gsonet_queue_tx_frames_total{id="3",kind="port",name="vif1.0",queue="1"} 17"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        // A port without queues of its own has no queue series.
+        assert!(!text
+            .lines()
+            .any(|l| l.starts_with("gsonet_queue_") && l.contains("vm1.sock")));
     }
 
     #[test]

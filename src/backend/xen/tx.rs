@@ -153,12 +153,14 @@ pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, q: usize, switch: Arc<Switch>) {
         if n > 0 {
             let _ = w.queue().evt.unmask(&fired[..n]);
         }
-        let stats = &w.port.stats;
+        let (stats, qstats) = (&w.port.stats, w.port.queue_stats(w.q));
         if fired[..n].contains(&w.queue().tx_port) {
             stats.tx_kicks.fetch_add(1, Ordering::Relaxed);
+            qstats.tx_kicks.fetch_add(1, Ordering::Relaxed);
         }
         if fired[..n].contains(&w.queue().rx_port) {
             stats.rx_kicks.fetch_add(1, Ordering::Relaxed);
+            qstats.rx_kicks.fetch_add(1, Ordering::Relaxed);
             // The netfront added RX buffers: senders holding frames for it retry.
             w.switch.rx_space();
         }
@@ -169,6 +171,10 @@ pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, q: usize, switch: Arc<Switch>) {
         w.drain();
         if n == 0 && w.req_cons != before {
             w.port.stats.tx_polls.fetch_add(1, Ordering::Relaxed);
+            w.port
+                .queue_stats(w.q)
+                .tx_polls
+                .fetch_add(1, Ordering::Relaxed);
         }
         w.ctx.flush();
         let reaped = w.ctx.pending.last_reaped.take();
@@ -325,6 +331,7 @@ impl Worker {
         // A packet's runs: at most one per data slot.
         let mut parts: [&[u8]; netif::NR_SLOTS_MIN] = [&[]; netif::NR_SLOTS_MIN];
         let stats = &self.port.stats;
+        let qstats = self.port.queue_stats(self.q);
         for p in &self.batch {
             let (plan, runs) = match &p.packet {
                 Ok((plan, _, runs)) => (plan, runs),
@@ -340,6 +347,7 @@ impl Worker {
             }
             let parts = &parts[..n];
             stats.tx(plan.len);
+            qstats.tx(plan.len);
             let hdr = match netif::tx_header(plan, parts) {
                 Ok(h) => h,
                 Err(r) => {
@@ -370,6 +378,10 @@ impl Worker {
         let event = ring.load(netif::RSP_EVENT);
         if new.wrapping_sub(event) < new.wrapping_sub(old) {
             self.port.stats.tx_calls.fetch_add(1, Ordering::Relaxed);
+            self.port
+                .queue_stats(self.q)
+                .tx_calls
+                .fetch_add(1, Ordering::Relaxed);
             if let Err(e) = self.queue().evt.notify(self.queue().tx_port) {
                 tracing::debug!(vif = %self.port.name(), "TX notify: {e}");
             }

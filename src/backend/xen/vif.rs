@@ -8,7 +8,7 @@
 //! uplink reader's or a vif worker's batch buffer) and copies only the rest.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwapOption;
@@ -20,7 +20,7 @@ use crate::config::XenVifConfig;
 use crate::features::Caps;
 use crate::l2::{Mac, Vid};
 use crate::netif::{self, RxSlot, RX_RING_SIZE};
-use crate::stats::{Counters, DropReason};
+use crate::stats::{Counters, DropReason, QueueCounters, QueueSnapshot};
 use crate::sys::xen::evtchn::EvtchnDev;
 use crate::sys::xen::gntdev::{CopyOp, CopyStatus, Gntdev, MappedPage};
 use crate::sys::xen::DomId;
@@ -205,14 +205,14 @@ impl Conn {
     }
 
     /// Flushes every queue something was staged on since its last flush.
-    fn flush_staged(&self, stats: &Counters) {
+    fn flush_staged(&self, port: &VifPort) {
         let mut dirty = self.staged.swap(0, Ordering::AcqRel);
         while dirty != 0 {
             let q = dirty.trailing_zeros() as usize;
             dirty &= dirty - 1;
             if let Some(queue) = self.queues.get(q) {
                 let mut rx = queue.rx.lock().unwrap_or_else(|e| e.into_inner());
-                queue.flush(&mut rx, stats);
+                queue.flush(&mut rx, port);
             }
         }
     }
@@ -221,7 +221,7 @@ impl Conn {
 impl Queue {
     /// Copies the staged batch into the netfront's buffers (one ioctl), writes the
     /// responses in the slots of their requests and signals it if it asked.
-    fn flush(&self, rx: &mut RxSide, stats: &Counters) {
+    fn flush(&self, rx: &mut RxSide, port: &VifPort) {
         if rx.resps.is_empty() {
             return;
         }
@@ -236,6 +236,7 @@ impl Queue {
         // the lock on `rx`) or in a buffer a sender declared stable: unchanged and
         // alive until that sender's next flush, which calls this first, or until the
         // connection is closed, which drops the ops (`close`).
+        let stats = &port.stats;
         let ok = match self.gnt.copy_out_at(ops, status) {
             Ok(()) => true,
             Err(e) => {
@@ -265,6 +266,9 @@ impl Queue {
             let event = ring.load(netif::RSP_EVENT);
             if new.wrapping_sub(event) < new.wrapping_sub(old) {
                 stats.rx_calls.fetch_add(1, Ordering::Relaxed);
+                port.queue_stats(self.index)
+                    .rx_calls
+                    .fetch_add(1, Ordering::Relaxed);
                 if let Err(e) = self.evt.notify(self.rx_port) {
                     debug!(dom = self.dom, "RX notify: {e}");
                 }
@@ -440,6 +444,11 @@ pub struct VifPort {
     pub id: usize,
     pub cfg: XenVifConfig,
     pub stats: Counters,
+    /// Each queue's own counters (`queue_stats`), kept across connections like
+    /// `stats`; reported for the first `queues_seen`.
+    queue_stats: [QueueCounters; MAX_QUEUES],
+    /// The most queues a connection of this vif has had.
+    queues_seen: AtomicUsize,
     /// `vifD.N` while attached, else the slot's own name.
     name: Mutex<String>,
     idle_name: String,
@@ -454,6 +463,8 @@ impl VifPort {
             id,
             cfg,
             stats: Counters::default(),
+            queue_stats: Default::default(),
+            queues_seen: AtomicUsize::new(0),
             name: Mutex::new(idle_name.clone()),
             idle_name,
             conn: ArcSwapOption::empty(),
@@ -476,6 +487,10 @@ impl VifPort {
 
     /// A netfront connected (`Some`) or went away (`None`).
     pub fn set_conn(&self, c: Option<Arc<Conn>>) {
+        if let Some(c) = &c {
+            self.queues_seen
+                .fetch_max(c.queues.len(), Ordering::Relaxed);
+        }
         self.connected.store(c.is_some(), Ordering::Release);
         // Closed before anyone can see its successor: a sender that signals the new
         // connection leaves no address of its bytes in the old one.
@@ -483,6 +498,17 @@ impl VifPort {
             old.close();
         }
         self.conn.store(c);
+    }
+
+    /// Queue `q`'s counters (`q` < `MAX_QUEUES`, as every queue's index is).
+    pub fn queue_stats(&self, q: usize) -> &QueueCounters {
+        &self.queue_stats[q.min(MAX_QUEUES - 1)]
+    }
+
+    /// The counters of each queue a connection of this vif has had, in order.
+    pub fn queue_snapshots(&self) -> Vec<QueueSnapshot> {
+        let n = self.queues_seen.load(Ordering::Relaxed).min(MAX_QUEUES);
+        (0..n).map(|q| self.queue_stats[q].snapshot(q)).collect()
     }
 
     /// What the netfront may send us: what we advertised.
@@ -521,14 +547,23 @@ impl Destination for VifPort {
         // before STAGE_MAX bytes are pending).
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if rx.staged.len() + netif::PAGE + len > rx.staged.capacity() {
-            queue.flush(&mut rx, &self.stats);
+            queue.flush(&mut rx, self);
             if netif::PAGE + len > rx.staged.capacity() {
                 return Err(DropReason::TooLong);
             }
         }
-        queue.stage(&mut rx, hdr, parts, len)?;
+        let qstats = self.queue_stats(queue.index);
+        match queue.stage(&mut rx, hdr, parts, len) {
+            Ok(()) => qstats.rx(len),
+            Err(r) => {
+                if r == DropReason::RxQueueFull && !rx.closed {
+                    qstats.rx_full.fetch_add(1, Ordering::Relaxed);
+                }
+                return Err(r);
+            }
+        }
         if rx.pending >= STAGE_MAX || rx.resps.len() >= RX_RING_SIZE as usize / 2 {
-            queue.flush(&mut rx, &self.stats);
+            queue.flush(&mut rx, self);
         } else {
             // Under the queue's lock, after staging: a flush_staged that takes the bit
             // away before this finds the frame when it takes the lock.
@@ -564,7 +599,7 @@ impl SwitchPort for VifPort {
 
     fn signal_rx(&self, _queue: usize) {
         if let Some(conn) = self.conn.load().as_ref() {
-            conn.flush_staged(&self.stats);
+            conn.flush_staged(self);
         }
     }
 }
