@@ -427,3 +427,44 @@ fn uplinks_come_and_go() {
     let r = ctl(&d, &["uplink", "add", &format!("tap={tap}")]).expect("add again");
     assert_eq!(r["ok"]["id"], 1, "ids are never reused: {r}");
 }
+
+/// The number of queues a tap has (tun sets the device's queue count to the fds
+/// attached to it).
+fn tap_queues(tap: &str) -> usize {
+    std::fs::read_dir(format!("/sys/class/net/{tap}/queues"))
+        .expect("the tap's queues in sysfs")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+        .count()
+}
+
+/// A tap added at run time without `queues=` gets as many queues as the port or Xen
+/// vif with the most, as one given at start-up does: a vif's worker K writes and
+/// reads tap queue K. The vif here offers 3 queues and waits for a xenstore that
+/// never answers; the port has 1 pair.
+#[test]
+fn a_tap_added_at_run_time_counts_the_xen_vifs_queues() {
+    require_tun!();
+    let (at_start, added, pinned) = (
+        common::daemon::unique_tap_name(),
+        common::daemon::unique_tap_name(),
+        common::daemon::unique_tap_name(),
+    );
+    let _cleanup = [&at_start, &added, &pinned].map(|t| common::daemon::Link(t.clone()));
+    let d = Daemon::start_with(
+        &DaemonSpec::ports(1),
+        &[
+            "--xen-vif",
+            "domid=7,queues=3",
+            "--uplink",
+            &format!("tap={at_start}"),
+        ],
+    )
+    .expect("start gsonet");
+    assert_eq!(tap_queues(&at_start), 3, "{}", d.log_text());
+    ctl(&d, &["uplink", "add", &format!("tap={added}")]).expect("add");
+    assert_eq!(tap_queues(&added), 3, "{}", d.log_text());
+    // `queues=` still decides where given.
+    ctl(&d, &["uplink", "add", &format!("tap={pinned},queues=2")]).expect("add");
+    assert_eq!(tap_queues(&pinned), 2);
+}

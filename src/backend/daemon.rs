@@ -34,7 +34,8 @@ use super::vhost::port::Port;
 use super::vhost::relay;
 use super::xen::{xenbus, VifPort};
 use crate::config::{
-    Config, GroupSpec, PortConfig, SocketAccess, UplinkConfig, UplinkKind, XenVifTarget,
+    Config, GroupSpec, PortConfig, SocketAccess, UplinkConfig, UplinkKind, XenVifConfig,
+    XenVifTarget,
 };
 use crate::ring::GuestMem;
 use crate::sys::cred::{group_id, peer_cred};
@@ -505,9 +506,25 @@ fn uplink_live_only(old: &UplinkConfig, new: &UplinkConfig) -> bool {
     &same_rest == old
 }
 
+/// The most queue pairs of any port or Xen vif: the queues a tap without `queues=`
+/// gets. A vif's queues count as a port's pairs: its worker K writes and reads tap
+/// queue K, and the host's answers to a flow come back on the queue it was written on.
+fn most_pairs<'a>(ports: impl Iterator<Item = &'a PortConfig>, vifs: &[XenVifConfig]) -> u16 {
+    ports
+        .map(|p| p.queues)
+        .chain(
+            vifs.iter()
+                .map(|x| x.queues.min(usize::from(u16::MAX)) as u16),
+        )
+        .max()
+        .unwrap_or(1)
+}
+
 impl Runtime {
-    fn most_pairs(st: &State) -> u16 {
-        st.ports.iter().map(|p| p.cfg.queues).max().unwrap_or(1)
+    /// `most_pairs` of the ports there are now and the vifs gsonet started with (a
+    /// reload does not change those).
+    fn most_pairs(&self, st: &State) -> u16 {
+        most_pairs(st.ports.iter().map(|p| &p.cfg), &self.started.xen_vifs)
     }
 
     fn members(&self) -> std::sync::RwLockWriteGuard<'_, Members> {
@@ -620,7 +637,7 @@ impl Runtime {
         if st.uplinks.iter().any(|u| u.cfg.name() == name) {
             return Err(format!("uplink {name} exists already"));
         }
-        Opened::open(cfg, Self::most_pairs(st)).map_err(|e| e.to_string())
+        Opened::open(cfg, self.most_pairs(st)).map_err(|e| e.to_string())
     }
 
     fn commit_uplink(
@@ -998,15 +1015,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         .map(|(i, p)| Port::new(i, p.clone()).map(Arc::new))
         .collect::<io::Result<_>>()
         .map_err(DaemonError::Timer)?;
-    // A Xen vif's queues count as a port's pairs: its worker K writes and reads tap
-    // queue K, and the host's answers to a flow come back on the queue it was written on.
-    let most_pairs = cfg
-        .ports
-        .iter()
-        .map(|p| p.queues)
-        .chain(cfg.xen_vifs.iter().map(|x| x.queues as u16))
-        .max()
-        .unwrap_or(1);
+    let most_pairs = most_pairs(cfg.ports.iter(), &cfg.xen_vifs);
     if !cfg.xen_vifs.is_empty() {
         // Before the uplinks' read arenas are made: Xen copies from them.
         super::xen::buffers::want_granted();
@@ -1183,6 +1192,20 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn most_pairs_counts_the_xen_vifs_queues() {
+        let port = |q| PortConfig {
+            queues: q,
+            ..PortConfig::parse("socket=/tmp/x.sock").unwrap()
+        };
+        let vif = |q: usize| XenVifConfig::parse(&format!("domid=3,queues={q}")).unwrap();
+        assert_eq!(most_pairs([].iter(), &[]), 1);
+        assert_eq!(most_pairs([port(2)].iter(), &[]), 2);
+        assert_eq!(most_pairs([port(2)].iter(), &[vif(5)]), 5);
+        assert_eq!(most_pairs([port(6)].iter(), &[vif(5), vif(1)]), 6);
+        assert_eq!(most_pairs([].iter(), &[vif(4)]), 4);
+    }
 
     #[test]
     fn the_relay_connection_is_private_and_checked() {
