@@ -594,7 +594,7 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
             .iter()
             .flat_map(|c| c.descs.iter())
             .filter(|d| d.is_write_only())
-            .map(|d| (d.addr().0, d.addr().0 + u64::from(d.len())))
+            .map(|d| (d.addr().0, d.addr().0.saturating_add(u64::from(d.len()))))
             .collect();
         allowed.push((used_base, used_end));
         if let Some(a) = changed_outside(&before, &after, &mut allowed) {
@@ -737,7 +737,7 @@ fn check_bytes(
     let mut ranges: Vec<(u64, u64)> = claimed
         .iter()
         .flat_map(|c| c.descs.iter())
-        .map(|d| (d.addr().0, d.addr().0 + u64::from(d.len())))
+        .map(|d| (d.addr().0, d.addr().0.saturating_add(u64::from(d.len()))))
         .collect();
     ranges.push((0, ring.end()));
     ranges.sort_unstable();
