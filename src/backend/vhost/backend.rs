@@ -51,6 +51,10 @@ fn hello_id(queue_pairs: usize) -> u64 {
     queue_pairs as u64 * 2 + 1
 }
 
+/// Looks at what a device start owes a queue pair before the rings are taken as never
+/// starting (about 1.2 s of them, `PortBackend::owed_look`).
+const OWED_LOOKS: u32 = 16;
+
 /// Listener id of a worker's TX timer: `tx_poll_us`, or a queue held for its `rate=`.
 fn tx_timer_id(queue_pairs: usize) -> u64 {
     hello_id(queue_pairs) + 1
@@ -80,8 +84,14 @@ impl PortBackend {
             .map(|_| EventFd::new(EFD_NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
         let workers = (0..port.queue_pairs())
-            .map(|_| TxWorker::with_timer(port.clone()).map(Mutex::new))
+            .map(|_| TxWorker::with_timer(port.clone(), switch.rx_room()).map(Mutex::new))
             .collect::<io::Result<Vec<_>>>()?;
+        port.set_wakes(
+            hellos
+                .iter()
+                .map(EventFd::try_clone)
+                .collect::<io::Result<Vec<_>>>()?,
+        );
         Ok(PortBackend {
             port,
             switch,
@@ -130,6 +140,36 @@ impl PortBackend {
             fd.write(1)?;
         }
         Ok(())
+    }
+
+    /// The calls a device start owes queue pair `pair` (`Port::owes`), paid once a
+    /// queue has its call fd. Looked at when the worker is woken (`wake_workers`: a
+    /// request that may start a ring went to the vhost crate, which handles it a
+    /// moment later) and again by the worker's timer, 1 ms after and doubling, until
+    /// nothing is owed or `OWED_LOOKS` looks found no call fd. The vhost crate runs a
+    /// queue's handler once as it starts (its owed kick), but a frontend may send the
+    /// call fd after that (QEMU does when the guest unmasks the queue's vector): a
+    /// guest whose completions were lost with an earlier gsonet, and that kicks no
+    /// more, is called all the same.
+    fn owed_look(&self, pair: usize, vrings: &[Vring], woken: bool) {
+        for (i, v) in vrings.iter().enumerate().take(2) {
+            self.port.pay_owed_call(2 * pair + i, v);
+        }
+        let Some(w) = self.workers.get(pair) else {
+            return;
+        };
+        let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+        if woken {
+            w.owed_looks = 0;
+        }
+        if !self.port.owes(pair) || w.owed_looks >= OWED_LOOKS {
+            return;
+        }
+        let after = Duration::from_millis(1 << w.owed_looks.min(7));
+        if w.timer.as_ref().is_some_and(|t| t.arm(after).is_ok()) {
+            w.owed_looks += 1;
+            w.owed_armed = true;
+        }
     }
 
     /// Drains TX queue `pair`; when the drain leaves the guest's kicks off to poll, arms
@@ -291,15 +331,24 @@ impl VhostUserBackend for PortBackend {
                 Ok(())
             }
             e if e as u64 == tx_timer_id(self.port.queue_pairs()) => {
+                let mut owed = false;
                 if let Some(w) = self.workers.get(pair) {
-                    if let Some(t) = &w.lock().unwrap_or_else(|e| e.into_inner()).timer {
+                    let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(t) = &w.timer {
                         // Consume the expiry (non-blocking: a kick may have re-armed it).
                         t.clear();
                     }
+                    owed = std::mem::take(&mut w.owed_armed);
                 }
-                self.port.stats.tx_polls.fetch_add(1, Relaxed);
+                if !owed {
+                    self.port.stats.tx_polls.fetch_add(1, Relaxed);
+                }
+                // Drained either way: the timer may have been armed for the queue too.
                 if let Some(txq) = vrings.get(1) {
                     self.drain_tx(pair, txq);
+                }
+                if owed {
+                    self.owed_look(pair, vrings, false);
                 }
                 Ok(())
             }
@@ -308,6 +357,7 @@ impl VhostUserBackend for PortBackend {
                 if let Some(fd) = self.hellos.get(pair) {
                     let _ = fd.read();
                 }
+                self.owed_look(pair, vrings, true);
                 Ok(())
             }
             _ => Ok(()),
