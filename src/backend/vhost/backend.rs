@@ -162,7 +162,8 @@ impl PortBackend {
         if woken {
             w.owed_looks = 0;
         }
-        if !self.port.owes(pair) || w.owed_looks >= OWED_LOOKS {
+        // A poll armed fires sooner and looks again then.
+        if !self.port.owes(pair) || w.owed_looks >= OWED_LOOKS || w.poll_armed {
             return;
         }
         let after = Duration::from_millis(1 << w.owed_looks.min(7));
@@ -190,6 +191,8 @@ impl PortBackend {
             if w.timer.as_ref().is_none_or(|t| t.arm(after).is_err()) {
                 // Without the timer nothing would look at the queue again.
                 let _ = txq.enable_notification();
+            } else {
+                w.poll_armed = true;
             }
         }
     }
@@ -338,7 +341,9 @@ impl VhostUserBackend for PortBackend {
                         // Consume the expiry (non-blocking: a kick may have re-armed it).
                         t.clear();
                     }
-                    owed = std::mem::take(&mut w.owed_armed);
+                    // Armed for the owed calls alone: not a poll of the queue.
+                    let polled = std::mem::take(&mut w.poll_armed);
+                    owed = std::mem::take(&mut w.owed_armed) && !polled;
                 }
                 if !owed {
                     self.port.stats.tx_polls.fetch_add(1, Relaxed);
@@ -347,7 +352,7 @@ impl VhostUserBackend for PortBackend {
                 if let Some(txq) = vrings.get(1) {
                     self.drain_tx(pair, txq);
                 }
-                if owed {
+                if self.port.owes(pair) {
                     self.owed_look(pair, vrings, false);
                 }
                 Ok(())

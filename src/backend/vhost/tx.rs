@@ -61,6 +61,8 @@ pub struct TxWorker {
     /// and the looks at them so far.
     pub owed_armed: bool,
     pub owed_looks: u32,
+    /// `timer` is armed for `tx_poll_us` (`PortBackend::drain_tx`).
+    pub poll_armed: bool,
     pub completion: TxCompletion,
 }
 
@@ -99,6 +101,7 @@ impl Default for TxWorker {
             timer: None,
             owed_armed: false,
             owed_looks: 0,
+            poll_armed: false,
             completion: TxCompletion::default(),
         }
     }
