@@ -787,20 +787,7 @@ mod tests {
 
         let p = port("");
         let (mut qemu, mut handler) = relay(p.clone());
-        send(
-            &qemu,
-            &msg(
-                req::SET_PROTOCOL_FEATURES,
-                FLAG_VERSION,
-                &acked.to_le_bytes(),
-                vec![],
-            ),
-        )
-        .unwrap();
-        assert_eq!(
-            recv_reply(&mut handler).unwrap().unwrap().payload,
-            acked.to_le_bytes()
-        );
+        ack_protocol(&qemu, &mut handler, acked);
         // Our bound, not the crate's 509.
         send(
             &qemu,
@@ -891,25 +878,27 @@ mod tests {
         refused_acking("", both, not_eventfd, FrontendNotEventfd);
     }
 
+    /// Acks protocol features `acked` through the relay, which passes them on.
+    fn ack_protocol(qemu: &UnixStream, handler: &mut UnixStream, acked: u64) {
+        let m = msg(
+            req::SET_PROTOCOL_FEATURES,
+            FLAG_VERSION,
+            &acked.to_le_bytes(),
+            vec![],
+        );
+        send(qemu, &m).unwrap();
+        assert_eq!(
+            recv_reply(handler).unwrap().unwrap().payload,
+            acked.to_le_bytes()
+        );
+    }
+
     #[test]
     fn a_fitting_log_goes_on_and_rarp_and_log_fd_are_answered_here() {
         let p = port("");
         let (mut qemu, mut handler) = relay(p.clone());
         let acked = REPLY_ACK | LOG_SHMFD | RARP;
-        send(
-            &qemu,
-            &msg(
-                req::SET_PROTOCOL_FEATURES,
-                FLAG_VERSION,
-                &acked.to_le_bytes(),
-                vec![],
-            ),
-        )
-        .unwrap();
-        assert_eq!(
-            recv_reply(&mut handler).unwrap().unwrap().payload,
-            acked.to_le_bytes()
-        );
+        ack_protocol(&qemu, &mut handler, acked);
         // Answered by the relay (REPLY_ACK), never shown to the crate, which does not
         // know them.
         let need = FLAG_VERSION | 0x8;
