@@ -151,18 +151,24 @@ def _assert_evpn_learned(fab, host: int, mac: str, at_host: int) -> dict:
     return e
 
 
+def _boot(guests: list) -> None:
+    """Starts each (guest, its gsonet, its port) together, then waits until every
+    guest booted and every port is up."""
+    for g, _, _ in guests:
+        g.start()
+    for g, _, _ in guests:
+        g.wait_booted()
+    for _, gs, port in guests:
+        gs.wait_port(port)
+
+
 @pytest.mark.slow
 def test_two_hosts(fabric, record_measurement):
     fab = fabric.fab
     a = _guest(fab, 0, _sock(fabric, 0, 0), "mh-a", f"{NET4}.1", f"{NET6}:1")
     b = _guest(fab, 1, _sock(fabric, 1, 0), "mh-b", f"{NET4}.2", f"{NET6}:2")
     try:
-        a.start()
-        b.start()
-        a.wait_booted()
-        b.wait_booted()
-        fabric.gs[0].wait_port(0)
-        fabric.gs[1].wait_port(0)
+        _boot([(a, fabric.gs[0], 0), (b, fabric.gs[1], 0)])
         for g in (a, b):
             assert g.run_ok("cat /sys/class/net/eth0/mtu").strip() == str(GUEST_MTU)
         # The VXLAN devices learn nothing: every remote MAC comes from FRR.
@@ -320,12 +326,7 @@ def test_migration_across_hosts(fabric, record_measurement, announce):
     mig = str(tmp / "m-migrate.sock")
     qs = qd = pinger = None
     try:
-        src.start()
-        local.start()
-        src.wait_booted()
-        local.wait_booted()
-        fabric.gs[0].wait_port(1)
-        fabric.gs[0].wait_port(0)
+        _boot([(src, fabric.gs[0], 1), (local, fabric.gs[0], 0)])
         dst.start()
         qs, qd = Qmp(src.qmp_path), Qmp(dst.qmp_path)
         qd.cmd("migrate-incoming", uri=f"unix:{mig}")
