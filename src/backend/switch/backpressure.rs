@@ -125,27 +125,17 @@ struct HeldFrame {
 }
 
 impl HeldFrame {
-    /// A private copy of `frame`, a one-copy frame's bytes in the sender's guest
-    /// buffers included (`None`: they could not be read).
-    fn copy(frame: &Frame, queue: usize, sent: usize) -> Option<HeldFrame> {
-        let bytes = if frame.guest.is_some() {
-            let mut buf = Vec::new();
-            frame.gather(&mut buf).ok()?;
-            buf.truncate(frame.len);
-            buf
-        } else {
-            frame.parts.concat()
-        };
-        Some(HeldFrame {
+    fn copy(frame: &Frame, queue: usize, sent: usize) -> HeldFrame {
+        HeldFrame {
             hdr: frame.hdr,
-            bytes,
+            bytes: frame.parts.concat(),
             dst_mac: frame.dst,
             src_mac: frame.src,
             tag: frame.tag,
             gso: frame.gso,
             queue,
             sent,
-        })
+        }
     }
 }
 
@@ -240,21 +230,6 @@ impl Held {
         r.held > 0 && !r.spread && r.took.iter().all(|d| self.has_for(*d))
     }
 
-    /// Whether what is held for every destination of this round is half way to the
-    /// hold bounds: more reads for them would be dropped soon rather than held.
-    pub fn near_bounds(&self) -> bool {
-        if 2 * self.bytes >= HOLD_BYTES {
-            return true;
-        }
-        let r = &self.round;
-        !r.took.is_empty()
-            && r.took.iter().all(|d| {
-                self.by_dst
-                    .iter()
-                    .any(|h| h.dst == *d && 2 * h.frames.len() >= HOLD_FRAMES)
-            })
-    }
-
     fn has_for(&self, dst: Endpoint) -> bool {
         self.by_dst
             .iter()
@@ -276,16 +251,12 @@ impl Held {
             switch.count_drop(dst, DropReason::RxQueueFull);
             return false;
         }
-        let Some(copy) = HeldFrame::copy(frame, queue, sent) else {
-            switch.count_drop(dst, DropReason::BadAddress);
-            return false;
-        };
         self.bytes += frame.len;
         let held = self.queue_of(dst);
         if held.frames.is_empty() {
             held.progress = Instant::now();
         }
-        held.frames.push_back(copy);
+        held.frames.push_back(HeldFrame::copy(frame, queue, sent));
         true
     }
 
@@ -357,11 +328,6 @@ impl Held {
         }
     }
 
-    /// Frames the last `retry` delivered.
-    pub fn retried(&self) -> usize {
-        self.spent.len()
-    }
-
     /// How long the sender may sleep: `idle` with nothing held; while frames are
     /// held, briefly, or, for a sender woken when room appears (`RoomWaiter`), long
     /// enough for the stall clock only.
@@ -374,13 +340,12 @@ impl Held {
     }
 }
 
-/// Forwards a frame from a sender that can hold frames (an uplink reader, a guest's
-/// TX queue). A unicast frame for a guest whose RX queue is full is held (`Held`)
-/// and re-delivered when the guest adds buffers, as a NIC with flow control would,
-/// for at most `RX_STALL`; frames behind it for the same guest wait their turn.
-/// Floods are never held, and holding one guest's frames delays another's by one
-/// `HOLD_PAUSE` at most (see `Held::pause_reads`). A one-copy frame (`Frame::guest`)
-/// is copied whole only when it is held or flooded. True when the frame was held.
+/// Forwards a frame from a sender that can hold frames (an uplink reader). A unicast
+/// frame for a guest whose RX queue is full is held (`Held`) and re-delivered when
+/// the guest adds buffers, as a NIC with flow control would, for at most `RX_STALL`;
+/// frames behind it for the same guest wait their turn. Floods are never held, and
+/// holding one guest's frames delays another's by one `HOLD_PAUSE` at most (see
+/// `Held::pause_reads`). True when the frame was held.
 pub fn forward_holding(
     switch: &Switch,
     src: Endpoint,
@@ -389,12 +354,6 @@ pub fn forward_holding(
     ctx: &mut DeliverCtx,
     held: &mut Held,
 ) -> bool {
-    if frame.guest.is_some() && !switch.untagged_source(src) {
-        return Switch::made_whole(frame, ctx, |whole, ctx| {
-            Some(forward_holding(switch, src, queue, whole, ctx, held))
-        })
-        .unwrap_or(false);
-    }
     let mut views = ViewBuf::default();
     let now = ctx.now();
     let Some(route) = switch.route(src, frame, &mut views, now, &mut ctx.fdb_memo) else {
@@ -402,7 +361,7 @@ pub fn forward_holding(
     };
     let Some(dst) = route.unicast() else {
         held.round.spread = true;
-        switch.send_routed(route, frame, queue, ctx);
+        switch.send(&route, queue, ctx, OnFull::Count);
         return false;
     };
     let Some(view) = route.view(dst) else {

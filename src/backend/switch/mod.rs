@@ -689,7 +689,7 @@ impl Switch {
     /// flood or a source whose frames may be retagged, and in `deliver_in` for any
     /// other destination.
     pub fn forward(&self, src: Endpoint, queue: usize, frame: &Frame, ctx: &mut DeliverCtx) {
-        if frame.guest.is_some() && !self.untagged_source(src) {
+        if frame.guest.is_some() && !matches!(self.topo.load().attach(src), Attach::Untagged) {
             Self::made_whole(frame, ctx, |whole, ctx| {
                 self.forward(src, queue, whole, ctx);
                 Some(())
@@ -701,18 +701,6 @@ impl Switch {
         let Some(route) = self.route(src, frame, &mut views, now, &mut ctx.fdb_memo) else {
             return;
         };
-        self.send_routed(route, frame, queue, ctx);
-    }
-
-    /// Whether a one-copy frame from `src` goes on as it is (its views are the frame
-    /// itself): `forward` makes it whole first otherwise.
-    fn untagged_source(&self, src: Endpoint) -> bool {
-        matches!(self.topo.load().attach(src), Attach::Untagged)
-    }
-
-    /// Delivers a frame `route`d, nothing waiting for a full RX queue; a one-copy
-    /// frame (from an untagged source) is made whole once for a flood.
-    fn send_routed(&self, route: Route, frame: &Frame, queue: usize, ctx: &mut DeliverCtx) {
         if frame.guest.is_some() && route.known.is_none() {
             Self::made_whole(frame, ctx, move |whole, ctx| {
                 // An untagged-domain frame: every destination sees it as it is.

@@ -51,10 +51,6 @@ fn hello_id(queue_pairs: usize) -> u64 {
     queue_pairs as u64 * 2 + 1
 }
 
-/// Looks at what a device start owes a queue pair before the rings are taken as never
-/// starting (about 1.2 s of them, `PortBackend::owed_look`).
-const OWED_LOOKS: u32 = 16;
-
 /// Listener id of a worker's TX timer: `tx_poll_us`, or a queue held for its `rate=`.
 fn tx_timer_id(queue_pairs: usize) -> u64 {
     hello_id(queue_pairs) + 1
@@ -84,14 +80,8 @@ impl PortBackend {
             .map(|_| EventFd::new(EFD_NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
         let workers = (0..port.queue_pairs())
-            .map(|_| TxWorker::with_timer(port.clone(), switch.rx_room()).map(Mutex::new))
+            .map(|_| TxWorker::with_timer(port.clone()).map(Mutex::new))
             .collect::<io::Result<Vec<_>>>()?;
-        port.set_wakes(
-            hellos
-                .iter()
-                .map(EventFd::try_clone)
-                .collect::<io::Result<Vec<_>>>()?,
-        );
         Ok(PortBackend {
             port,
             switch,
@@ -142,37 +132,6 @@ impl PortBackend {
         Ok(())
     }
 
-    /// The calls a device start owes queue pair `pair` (`Port::owes`), paid once a
-    /// queue has its call fd. Looked at when the worker is woken (`wake_workers`: a
-    /// request that may start a ring went to the vhost crate, which handles it a
-    /// moment later) and again by the worker's timer, 1 ms after and doubling, until
-    /// nothing is owed or `OWED_LOOKS` looks found no call fd. The vhost crate runs a
-    /// queue's handler once as it starts (its owed kick), but a frontend may send the
-    /// call fd after that (QEMU does when the guest unmasks the queue's vector): a
-    /// guest whose completions were lost with an earlier gsonet, and that kicks no
-    /// more, is called all the same.
-    fn owed_look(&self, pair: usize, vrings: &[Vring], woken: bool) {
-        for (i, v) in vrings.iter().enumerate().take(2) {
-            self.port.pay_owed_call(2 * pair + i, v);
-        }
-        let Some(w) = self.workers.get(pair) else {
-            return;
-        };
-        let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
-        if woken {
-            w.owed_looks = 0;
-        }
-        // A poll armed fires sooner and looks again then.
-        if !self.port.owes(pair) || w.owed_looks >= OWED_LOOKS || w.poll_armed {
-            return;
-        }
-        let after = Duration::from_millis(1 << w.owed_looks.min(7));
-        if w.timer.as_ref().is_some_and(|t| t.arm(after).is_ok()) {
-            w.owed_looks += 1;
-            w.owed_armed = true;
-        }
-    }
-
     /// Drains TX queue `pair`; when the drain leaves the guest's kicks off to poll, arms
     /// the worker's timer so the queue is looked at again after `tx_poll_us` (a queue
     /// held for its `rate=` has the timer armed by the drain).
@@ -191,8 +150,6 @@ impl PortBackend {
             if w.timer.as_ref().is_none_or(|t| t.arm(after).is_err()) {
                 // Without the timer nothing would look at the queue again.
                 let _ = txq.enable_notification();
-            } else {
-                w.poll_armed = true;
             }
         }
     }
@@ -334,26 +291,15 @@ impl VhostUserBackend for PortBackend {
                 Ok(())
             }
             e if e as u64 == tx_timer_id(self.port.queue_pairs()) => {
-                let mut owed = false;
                 if let Some(w) = self.workers.get(pair) {
-                    let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
-                    if let Some(t) = &w.timer {
+                    if let Some(t) = &w.lock().unwrap_or_else(|e| e.into_inner()).timer {
                         // Consume the expiry (non-blocking: a kick may have re-armed it).
                         t.clear();
                     }
-                    // Armed for the owed calls alone: not a poll of the queue.
-                    let polled = std::mem::take(&mut w.poll_armed);
-                    owed = std::mem::take(&mut w.owed_armed) && !polled;
                 }
-                if !owed {
-                    self.port.stats.tx_polls.fetch_add(1, Relaxed);
-                }
-                // Drained either way: the timer may have been armed for the queue too.
+                self.port.stats.tx_polls.fetch_add(1, Relaxed);
                 if let Some(txq) = vrings.get(1) {
                     self.drain_tx(pair, txq);
-                }
-                if self.port.owes(pair) {
-                    self.owed_look(pair, vrings, false);
                 }
                 Ok(())
             }
@@ -362,7 +308,6 @@ impl VhostUserBackend for PortBackend {
                 if let Some(fd) = self.hellos.get(pair) {
                     let _ = fd.read();
                 }
-                self.owed_look(pair, vrings, true);
                 Ok(())
             }
             _ => Ok(()),

@@ -2,8 +2,7 @@
 //! chain out, check it against what the guest negotiated, and hand the typed frame to
 //! the switch; signal the guest and the destinations once per batch.
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -12,9 +11,6 @@ use virtio_queue::QueueT;
 
 use super::completion::TxCompletion;
 use super::port::{Port, Vring};
-use crate::backend::switch::backpressure::{
-    forward_holding, Held, RoomWaiter, RxRoom, HOLD_PAUSE, RX_STALL,
-};
 use crate::backend::switch::deliver::{DeliverCtx, SegmentCharge};
 use crate::backend::switch::{Endpoint, Switch};
 use crate::features::Caps;
@@ -48,37 +44,8 @@ pub struct TxWorker {
     /// where they had to be made whole (to a tap, say), so a copy of them is taken
     /// at once and their chains go back before they are sent.
     one_copy_pause: u32,
-    /// Frames for a guest whose RX queue was full, copied aside and re-sent as it
-    /// adds buffers (`switch::backpressure`), rather than dropped.
-    held: Held,
-    /// When the queue was first left alone for a full guest since that guest last
-    /// took a held frame (`pause`).
-    pause_since: Option<Instant>,
-    /// Arms `timer` at once when a guest adds RX buffers while frames are held.
-    bell: Option<Arc<TimerBell>>,
-    pub timer: Option<Arc<OneShotTimer>>,
-    /// `timer` is armed for the calls a device start owes (`PortBackend::owed_look`),
-    /// and the looks at them so far.
-    pub owed_armed: bool,
-    pub owed_looks: u32,
-    /// `timer` is armed for `tx_poll_us` (`PortBackend::drain_tx`).
-    pub poll_armed: bool,
+    pub timer: Option<OneShotTimer>,
     pub completion: TxCompletion,
-}
-
-/// Wakes a TX worker holding frames as soon as some guest adds RX buffers: its
-/// timer fires at once, and the worker retries (`drain`).
-struct TimerBell {
-    wanted: AtomicBool,
-    timer: Arc<OneShotTimer>,
-}
-
-impl RoomWaiter for TimerBell {
-    fn room(&self) {
-        if self.wanted.swap(false, Relaxed) {
-            let _ = self.timer.arm(Duration::ZERO);
-        }
-    }
 }
 
 /// Frames of this many bytes or more go guest to guest with one copy: below it, a
@@ -95,13 +62,7 @@ impl Default for TxWorker {
             ctx: DeliverCtx::holding(),
             paced: false,
             one_copy_pause: 0,
-            held: Held::default(),
-            pause_since: None,
-            bell: None,
             timer: None,
-            owed_armed: false,
-            owed_looks: 0,
-            poll_armed: false,
             completion: TxCompletion::default(),
         }
     }
@@ -109,90 +70,22 @@ impl Default for TxWorker {
 
 impl TxWorker {
     /// A worker with its timers (the daemon's workers), charging the software
-    /// segmentation of its frames to `budget` (the port's), and woken by `room`
-    /// while it holds frames for a full guest.
-    pub fn with_timer(budget: Arc<dyn SegmentCharge>, room: &RxRoom) -> std::io::Result<TxWorker> {
-        let timer = Arc::new(OneShotTimer::new()?);
-        let bell = Arc::new(TimerBell {
-            wanted: AtomicBool::new(false),
-            timer: timer.clone(),
-        });
-        room.subscribe(Arc::downgrade(&bell) as Weak<dyn RoomWaiter>);
+    /// segmentation of its frames to `budget` (the port's).
+    pub fn with_timer(budget: Arc<dyn SegmentCharge>) -> std::io::Result<TxWorker> {
         let mut w = TxWorker {
-            timer: Some(timer),
-            bell: Some(bell),
+            timer: Some(OneShotTimer::new()?),
             completion: TxCompletion::with_timer()?,
             ..TxWorker::default()
         };
         w.ctx.segment_charge = Some(budget);
         Ok(w)
     }
-
-    /// Held frames go first, as their guests add buffers.
-    fn retry_held(&mut self, switch: &Switch) {
-        if self.held.is_empty() {
-            return;
-        }
-        self.held.retry(switch, &mut self.ctx);
-        if self.held.retried() > 0 {
-            // The full guest took some: it may be waited for again.
-            self.pause_since = None;
-        }
-        self.ctx.flush();
-    }
-
-    /// The batch just taken all went to guests that now have frames held: the queue
-    /// is left alone until some guest adds RX buffers, `HOLD_PAUSE` at most since
-    /// those guests last took a held frame, or `RX_STALL` while what is held for them
-    /// is half way to the hold bounds (more would be dropped, not held). What follows
-    /// in the queue is most likely for them too; left there it costs no copy, and
-    /// the guest's own queue slows its sender, as a NIC's pause frames would. A batch
-    /// with a frame for anyone else never pauses. False: no pause (its time is up, or
-    /// no timer to end it).
-    fn pause(&mut self, port: &Port) -> bool {
-        if !self.held.pause_reads() {
-            self.pause_since = None;
-            return false;
-        }
-        let (Some(timer), Some(bell)) = (&self.timer, &self.bell) else {
-            return false;
-        };
-        let since = *self.pause_since.get_or_insert_with(|| {
-            port.stats.tx_pauses.fetch_add(1, Relaxed);
-            Instant::now()
-        });
-        let most = if self.held.near_bounds() {
-            RX_STALL
-        } else {
-            HOLD_PAUSE
-        };
-        let left = most.saturating_sub(since.elapsed());
-        if left.is_zero() {
-            return false;
-        }
-        // Asked before the timer is armed: room that appears meanwhile rings.
-        bell.wanted.store(true, Relaxed);
-        timer.arm(left).is_ok()
-    }
-
-    /// Frames are still held after a drain that did not pause: some guest adding
-    /// buffers wakes the worker to retry them, and the timer does within
-    /// `RX_STALL / 10` at the latest, so what a guest never takes is dropped in time.
-    fn look_again_for_held(&self) {
-        if self.held.is_empty() {
-            return;
-        }
-        if let (Some(timer), Some(bell)) = (&self.timer, &self.bell) {
-            bell.wanted.store(true, Relaxed);
-            let _ = timer.arm(RX_STALL / 10);
-        }
-    }
 }
 
 /// Over its `rate=`, the queue is held: nothing more is popped (the guest's own queue
 /// backs up) and the worker's timer wakes it when the debt is paid; never a busy
 /// wait. False: no timer to wake it, so the queue is not held.
-fn hold(port: &Port, timer: &Option<Arc<OneShotTimer>>, wait: Duration) -> bool {
+fn hold(port: &Port, timer: &Option<OneShotTimer>, wait: Duration) -> bool {
     let Some(t) = timer else { return false };
     if t.arm(wait.max(Duration::from_micros(1))).is_err() {
         return false;
@@ -209,8 +102,7 @@ pub enum DrainEnd {
     /// Polling: the drain found frames and left the guest's kicks off, so the caller
     /// must look again after the port's `tx_poll_us`.
     Poll,
-    /// Held for a `rate=`, or left alone for a full guest (`TxWorker::pause`):
-    /// kicks stay off and the worker's timer is armed already.
+    /// Held for a `rate=`: kicks stay off and the worker's timer is armed already.
     Held,
 }
 
@@ -329,7 +221,6 @@ pub fn drain(
         };
         let mut done = 0;
         let mut held = false;
-        let mut paused = false;
         loop {
             if let Some(wait) = port.tx_wait().max(w.ctx.take_hold()) {
                 w.paced = true;
@@ -338,8 +229,6 @@ pub fn drain(
                     break;
                 }
             }
-            w.retry_held(switch);
-            w.held.begin_round();
             let max = max.min(TX_BATCH - done);
             let n = match take_and_send(&sender, txq, &mem, neg.hdr_len(), w, max) {
                 Take::Stopped => return DrainEnd::Kicks,
@@ -358,10 +247,6 @@ pub fn drain(
             // chains came back follows their frames' delivery.
             w.ctx.flush();
             done += n;
-            if w.pause(port) {
-                paused = true;
-                break;
-            }
             if done >= TX_BATCH {
                 break;
             }
@@ -374,7 +259,7 @@ pub fn drain(
         // path, the sender's TX completion is not, and on a host with few CPUs the
         // first thread woken runs first.
         w.completion.used(port, txq, done, port.tx_coalesce_usecs());
-        if held || paused {
+        if held {
             return DrainEnd::Held; // the timer drains on, notifications stay off meanwhile
         }
         popped += done;
@@ -382,7 +267,6 @@ pub fn drain(
             continue;
         }
         if poll && popped > 0 {
-            w.look_again_for_held();
             return DrainEnd::Poll;
         }
         if done >= WATCH_AFTER && watch(txq, &mem, port.cfg.busy_poll_us) {
@@ -390,10 +274,7 @@ pub fn drain(
         }
         match txq.enable_notification() {
             Ok(true) => continue, // more arrived while notifications were off
-            _ => {
-                w.look_again_for_held();
-                return DrainEnd::Kicks;
-            }
+            _ => return DrainEnd::Kicks,
         }
     }
 }
@@ -452,16 +333,13 @@ struct Sender<'a> {
 impl Sender<'_> {
     /// Hands a checked frame to the switch, or counts why it was refused. Its
     /// segment budget is charged where a destination needs the frame cut
-    /// (`DeliverCtx::segments_allowed`), not for frames that go intact. A frame for
-    /// a guest whose RX queue is full is held aside (`held`), not dropped.
-    fn forward(&self, checked: Result<Frame, DropReason>, ctx: &mut DeliverCtx, held: &mut Held) {
+    /// (`DeliverCtx::segments_allowed`), not for frames that go intact.
+    fn forward(&self, checked: Result<Frame, DropReason>, ctx: &mut DeliverCtx) {
         match checked {
             Ok(frame) => {
                 self.port.tx_charge(frame.wire_len());
                 let src = Endpoint::Port(self.port.id);
-                if forward_holding(self.switch, src, self.pair, &frame, ctx, held) {
-                    self.port.stats.tx_held.fetch_add(1, Relaxed);
-                }
+                self.switch.forward(src, self.pair, &frame, ctx)
             }
             Err(reason) => self.port.stats.drop(reason),
         }
@@ -472,9 +350,7 @@ impl Sender<'_> {
 /// it to the switch.
 fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
     let port = s.port;
-    let TxWorker {
-        batch, ctx, held, ..
-    } = w;
+    let TxWorker { batch, ctx, .. } = w;
     let TxBatch {
         arena,
         frames,
@@ -493,7 +369,7 @@ fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
         port.stats.tx(f.frame_len());
         let head = [&arena[f.start..f.start + f.len]];
         if f.tail_len == 0 {
-            s.forward(tx_frame(s.tx_caps, f.hdr, &head), ctx, held);
+            s.forward(tx_frame(s.tx_caps, f.hdr, &head), ctx);
             continue;
         }
         let tail = GuestTail {
@@ -502,9 +378,9 @@ fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
             len: f.tail_len,
         };
         match tx_frame_tail(s.tx_caps, f.hdr, &head, tail) {
-            Ok(frame) => s.forward(Ok(frame), ctx, held),
+            Ok(frame) => s.forward(Ok(frame), ctx),
             // Headers past the head, or a bad frame: judged again whole.
-            Err(_) => send_whole(s, f.hdr, &head, tail, ctx, held),
+            Err(_) => send_whole(s, f.hdr, &head, tail, ctx),
         }
     }
 }
@@ -517,13 +393,12 @@ fn send_whole(
     head: &[&[u8]],
     tail: GuestTail,
     ctx: &mut DeliverCtx,
-    held: &mut Held,
 ) {
     let mut buf = std::mem::take(&mut ctx.whole);
     match tail.gather(head, &mut buf) {
         Ok(len) => {
             let parts = [&buf[..len]];
-            s.forward(tx_frame(s.tx_caps, hdr, &parts), ctx, held);
+            s.forward(tx_frame(s.tx_caps, hdr, &parts), ctx);
         }
         Err(_) => s.port.stats.drop(DropReason::BadAddress),
     }
