@@ -82,19 +82,7 @@ impl<'a> Frame<'a> {
     /// Copies every byte of the frame into `buf` (grown to fit): the buffer a
     /// one-copy frame is made whole in.
     pub fn gather(&self, buf: &mut Vec<u8>) -> Result<(), DropReason> {
-        match &self.guest {
-            Some(t) => t
-                .gather(self.parts, buf)
-                .map(|_| ())
-                .map_err(|_| DropReason::BadAddress),
-            None => {
-                if buf.len() < self.len {
-                    buf.resize(self.len, 0);
-                }
-                parse::gather(self.parts, &mut buf[..self.len]);
-                Ok(())
-            }
-        }
+        gather_whole(self.parts, self.guest.as_ref(), buf).map(|_| ())
     }
 
     /// The same frame over `parts` (all its bytes, as `gather` left them).
@@ -130,6 +118,27 @@ impl<'a> Frame<'a> {
         };
         Frame::new(hdr, parts, gso)
     }
+}
+
+/// Copies `head`, then `tail` (a one-copy frame's bytes left in the guest's buffers)
+/// if any, into `buf` (grown to fit): the frame made whole. Returns its length;
+/// `BadAddress` if the tail could not be read.
+pub fn gather_whole(
+    head: &[&[u8]],
+    tail: Option<&GuestTail>,
+    buf: &mut Vec<u8>,
+) -> Result<usize, DropReason> {
+    let n = parse::frame_len(head);
+    let len = n + tail.map_or(0, |t| t.len);
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    parse::gather(head, &mut buf[..n]);
+    if let Some(t) = tail {
+        t.read_into(&mut buf[n..len])
+            .map_err(|_| DropReason::BadAddress)?;
+    }
+    Ok(len)
 }
 
 #[cfg(test)]

@@ -190,23 +190,6 @@ pub struct GuestTail<'a> {
 }
 
 impl GuestTail<'_> {
-    /// Copies `head` and then the tail into `buf` (grown to fit): the frame made
-    /// whole. Returns its length.
-    pub fn gather(&self, head: &[&[u8]], buf: &mut Vec<u8>) -> Result<usize, BadRange> {
-        let n: usize = head.iter().map(|p| p.len()).sum();
-        let len = n + self.len;
-        if buf.len() < len {
-            buf.resize(len, 0);
-        }
-        let mut at = 0;
-        for p in head {
-            buf[at..at + p.len()].copy_from_slice(p);
-            at += p.len();
-        }
-        self.read_into(&mut buf[n..len])?;
-        Ok(len)
-    }
-
     /// Copies the tail into `out[..self.len]`.
     pub fn read_into(&self, out: &mut [u8]) -> Result<(), BadRange> {
         let mut at = 0;

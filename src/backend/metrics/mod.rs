@@ -41,12 +41,16 @@ fn ifname(uplink: &str) -> &str {
     uplink.split_once('=').map_or(uplink, |(_, n)| n)
 }
 
-/// A counter read from every endpoint's `Snapshot`.
-struct CounterFamily {
+/// A series read from each of a kind of snapshot: an endpoint's `Snapshot`, or a
+/// queue's `QueueSnapshot`.
+struct Family<S> {
     name: &'static str,
     help: &'static str,
-    value: fn(&Snapshot) -> u64,
+    value: fn(&S) -> u64,
 }
+
+/// A counter read from every endpoint's `Snapshot`.
+type CounterFamily = Family<Snapshot>;
 
 /// Every per-endpoint counter; names as exported, after the `gsonet_` prefix.
 const COUNTERS: &[CounterFamily] = &[
@@ -183,11 +187,7 @@ const GAUGES: &[CounterFamily] = &[
 ];
 
 /// A counter read from each queue's `QueueSnapshot` (a Xen vif's queues).
-struct QueueFamily {
-    name: &'static str,
-    help: &'static str,
-    value: fn(&QueueSnapshot) -> u64,
-}
+type QueueFamily = Family<QueueSnapshot>;
 
 /// Every per-queue counter, labelled as the endpoint's plus `queue`.
 const QUEUE_COUNTERS: &[QueueFamily] = &[

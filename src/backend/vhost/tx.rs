@@ -15,7 +15,7 @@ use crate::backend::switch::deliver::{DeliverCtx, SegmentCharge};
 use crate::backend::switch::{Endpoint, Switch};
 use crate::features::Caps;
 use crate::frame::validate::{tx_frame, tx_frame_tail};
-use crate::frame::Frame;
+use crate::frame::{gather_whole, Frame};
 use crate::ring::host::HostMem;
 use crate::ring::split::SplitRing;
 use crate::ring::tx::{self, GuestTail, TxBatch, TxError};
@@ -395,12 +395,12 @@ fn send_whole(
     ctx: &mut DeliverCtx,
 ) {
     let mut buf = std::mem::take(&mut ctx.whole);
-    match tail.gather(head, &mut buf) {
+    match gather_whole(head, Some(&tail), &mut buf) {
         Ok(len) => {
             let parts = [&buf[..len]];
             s.forward(tx_frame(s.tx_caps, hdr, &parts), ctx);
         }
-        Err(_) => s.port.stats.drop(DropReason::BadAddress),
+        Err(reason) => s.port.stats.drop(reason),
     }
     ctx.whole = buf;
 }
