@@ -714,3 +714,41 @@ fn ctl_max_burst_caps_what_a_gso_peer_receives() {
         );
     }
 }
+
+/// What a restart owes a guest that kicks no more: a drain of its TX queue (a kick
+/// an earlier gsonet took and never served), and a call on each queue even when the
+/// call fds come after the rings started (QEMU sends them as the guest unmasks the
+/// queues' vectors). Here A's device stops, a frame for B goes into A's TX ring
+/// unkicked, and the device starts again with the call fds last; A never kicks, yet
+/// the frame reaches B, its chain comes back and A is called on both queues.
+#[test]
+fn a_restart_serves_and_calls_a_guest_that_kicks_no_more() {
+    let (d, mut a, mut b) = two();
+    a.wait_tx_done(T).unwrap();
+    let bases = a.stop().expect("stop");
+    let flow = Flow::new(a_mac(), b_mac(), Ips::v4()).ports(7000, 7001);
+    let (h, f) = frames::udp(&flow, b"waiting since the stop", UdpGso::None);
+    a.send_unkicked(&[(h, f.clone())]).unwrap();
+    let kicks = a.stats(1).kicks;
+    let calls = (a.calls(0), a.calls(1));
+    a.restart(bases).expect("restart");
+    let got = recv_where(&mut b, T, |x| x.frame == f);
+    assert!(
+        got.is_some(),
+        "the unkicked frame never left A\n{:#}",
+        d.stats().unwrap()
+    );
+    assert_eq!(a.wait_tx_done(T).unwrap(), 1, "A's chain came back");
+    let end = Instant::now() + T;
+    while a.calls(0) == calls.0 || a.calls(1) == calls.1 {
+        assert!(
+            Instant::now() < end,
+            "no call after the restart: rx {} tx {} (before it: {calls:?})\n{:#}",
+            a.calls(0),
+            a.calls(1),
+            d.stats().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(a.stats(1).kicks, kicks, "A kicked");
+}

@@ -894,6 +894,75 @@ impl TestFrontend {
         self.notify(TX_QUEUE)
     }
 
+    /// Put frames into the TX avail ring and move its index, without a kick: a
+    /// driver whose kick was taken by a backend that then went away.
+    pub fn send_unkicked(&mut self, frames: &[(VirtioNetHdr, Vec<u8>)]) -> Result<()> {
+        self.batching = true;
+        let r = frames
+            .iter()
+            .try_for_each(|(h, f)| self.send(h, f, TxLayout::Single).map(drop));
+        self.batching = false;
+        r?;
+        self.store_avail_idx(TX_QUEUE, self.queues[TX_QUEUE].avail_idx)
+    }
+
+    /// Start the device again after `stop`, as QEMU does when a backend comes back:
+    /// SET_FEATURES, then per ring NUM, BASE (`bases`, from `stop`), ADDR and KICK,
+    /// then SET_VRING_ENABLE, and the call descriptors 50 ms later (QEMU sends them
+    /// when the guest unmasks the queues' vectors). The rings keep their contents, and
+    /// nothing is kicked.
+    pub fn restart(&mut self, bases: [u32; 2]) -> Result<()> {
+        self.vu
+            .set_features(self.acked_features)
+            .context("SET_FEATURES")?;
+        let qs = self.opts.queue_size;
+        // New kick and call descriptors, as a frontend started anew has.
+        for q in self.queues.iter_mut() {
+            q.kick = EventFd::new(EFD_NONBLOCK)?;
+            q.call = EventFd::new(EFD_NONBLOCK)?;
+        }
+        for (i, q) in self.queues.iter().enumerate() {
+            let hva = |gpa: u64| -> Result<u64> {
+                Ok(self
+                    .mem
+                    .get_host_address(GuestAddress(gpa))
+                    .map_err(|e| anyhow!("hva: {e:?}"))? as u64)
+            };
+            self.vu.set_vring_num(i, qs).context("SET_VRING_NUM")?;
+            self.vu
+                .set_vring_base(i, bases[i] as u16)
+                .context("SET_VRING_BASE")?;
+            let cfg = VringConfigData {
+                queue_max_size: qs,
+                queue_size: qs,
+                flags: 0,
+                desc_table_addr: hva(q.desc)?,
+                used_ring_addr: hva(q.used)?,
+                avail_ring_addr: hva(q.avail)?,
+                log_addr: None,
+            };
+            self.vu.set_vring_addr(i, &cfg).context("SET_VRING_ADDR")?;
+            self.vu
+                .set_vring_kick(i, &q.kick)
+                .context("SET_VRING_KICK")?;
+        }
+        if self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
+            for i in 0..2 {
+                self.vu
+                    .set_vring_enable(i, true)
+                    .context("SET_VRING_ENABLE")?;
+            }
+        }
+        // The rings run (the backend has had time to look at them) before the calls.
+        std::thread::sleep(Duration::from_millis(50));
+        for (i, q) in self.queues.iter().enumerate() {
+            self.vu
+                .set_vring_call(i, &q.call)
+                .context("SET_VRING_CALL")?;
+        }
+        Ok(())
+    }
+
     /// Send arbitrary bytes (header included, possibly invalid) per `layout`.
     pub fn send_bytes(&mut self, bytes: &[u8], layout: TxLayout) -> Result<u16> {
         let (segs, indirect) = layout.segments(bytes.len());

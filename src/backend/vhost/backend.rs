@@ -4,6 +4,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,6 +22,7 @@ use super::port::{Mem, Port, Vring};
 use super::tx::{self, DrainEnd, TxWorker};
 use crate::backend::switch::Switch;
 use crate::features::Negotiated;
+use crate::sys::timer::OneShotTimer;
 
 /// The `VhostUserBackend` of one port.
 #[derive(Clone)]
@@ -33,7 +35,20 @@ pub struct PortBackend {
     /// One per worker: signalled once at start so each worker hands its vrings to the
     /// port before the guest kicks anything (see `introduce_workers`).
     hellos: Arc<Vec<EventFd>>,
+    /// One per worker: the looks at what a device start owes its queues (`owed_look`).
+    owed: Arc<Vec<OwedLooks>>,
 }
+
+/// A worker's looks at the calls a device start owes its queues, until they have
+/// their call fds: its own timer and the looks since the last wake.
+struct OwedLooks {
+    timer: OneShotTimer,
+    looks: AtomicU32,
+}
+
+/// Looks at what a device start owes a queue pair before its call fds are taken as
+/// never coming (about 1.2 s of them, `PortBackend::owed_look`).
+const OWED_LOOKS: u32 = 16;
 
 /// The protocol features offered (the vhost crate adds REPLY_ACK itself). The relay
 /// refuses every request these do not permit. LOG_SHMFD (SET_LOG_BASE) and RARP
@@ -71,6 +86,11 @@ fn tx_completion_id(queue_pairs: usize) -> u64 {
     hello_id(queue_pairs) + 4
 }
 
+/// Listener id of a worker's owed-call timer (`PortBackend::owed_look`).
+fn owed_id(queue_pairs: usize) -> u64 {
+    hello_id(queue_pairs) + 5
+}
+
 impl PortBackend {
     pub fn new(port: Arc<Port>, switch: Arc<Switch>) -> io::Result<PortBackend> {
         let exits = (0..port.queue_pairs())
@@ -82,12 +102,27 @@ impl PortBackend {
         let workers = (0..port.queue_pairs())
             .map(|_| TxWorker::with_timer(port.clone()).map(Mutex::new))
             .collect::<io::Result<Vec<_>>>()?;
+        let owed = (0..port.queue_pairs())
+            .map(|_| {
+                Ok(OwedLooks {
+                    timer: OneShotTimer::new()?,
+                    looks: AtomicU32::new(0),
+                })
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        port.set_wakes(
+            hellos
+                .iter()
+                .map(EventFd::try_clone)
+                .collect::<io::Result<Vec<_>>>()?,
+        );
         Ok(PortBackend {
             port,
             switch,
             exits: Arc::new(exits),
             workers: Arc::new(workers),
             hellos: Arc::new(hellos),
+            owed: Arc::new(owed),
         })
     }
 
@@ -108,11 +143,14 @@ impl PortBackend {
         let coalesce = rx_coalesce_id(self.port.queue_pairs());
         let pace = pace_id(self.port.queue_pairs());
         let completion = tx_completion_id(self.port.queue_pairs());
+        let owed = owed_id(self.port.queue_pairs());
         let pairs = handlers
             .iter()
             .zip(self.hellos.iter())
-            .zip(self.workers.iter());
-        for (pair, ((h, fd), w)) in pairs.enumerate() {
+            .zip(self.workers.iter())
+            .zip(self.owed.iter());
+        for (pair, (((h, fd), w), o)) in pairs.enumerate() {
+            h.register_listener(o.timer.as_fd().as_raw_fd(), EventSet::IN, owed)?;
             let w = w.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(t) = &w.timer {
                 h.register_listener(t.as_fd().as_raw_fd(), EventSet::IN, tx_timer)?;
@@ -130,6 +168,34 @@ impl PortBackend {
             fd.write(1)?;
         }
         Ok(())
+    }
+
+    /// The calls a device start owes queue pair `pair` (`Port::owes`), paid once a
+    /// queue has its call fd (`handle_event` pays them at every event). Looked at
+    /// when the worker is woken (`Port::wake_workers`: a request that may start a
+    /// ring went to the vhost crate, which handles it a moment later) and again by
+    /// the pair's own timer, 1 ms after and doubling, until nothing is owed or
+    /// `OWED_LOOKS` looks found no call fd. The vhost crate runs a queue's handler
+    /// once as it starts (the owed kick), but a frontend may send the call fd after
+    /// that (QEMU does when the guest unmasks the queue's vector): a guest whose
+    /// completions were lost with an earlier gsonet, and that kicks no more, is
+    /// called all the same.
+    fn owed_look(&self, pair: usize, woken: bool) {
+        let Some(o) = self.owed.get(pair) else {
+            return;
+        };
+        // Woken, a look follows even with nothing owed yet: the request that woke
+        // the worker may be the start itself, not handled by the crate yet.
+        let looks = if woken { 0 } else { o.looks.load(Relaxed) };
+        if !woken && (!self.port.owes(pair) || looks >= OWED_LOOKS) {
+            return;
+        }
+        if o.timer
+            .arm(Duration::from_millis(1 << looks.min(7)))
+            .is_ok()
+        {
+            o.looks.store(looks + 1, Relaxed);
+        }
     }
 
     /// Drains TX queue `pair`; when the drain leaves the guest's kicks off to poll, arms
@@ -304,10 +370,19 @@ impl VhostUserBackend for PortBackend {
                 Ok(())
             }
             e if e as u64 == hello_id(self.port.queue_pairs()) => {
-                // The vrings are remembered above; consume the event.
+                // The vrings are remembered and owed calls paid above; consume the
+                // event, and look again later if a call fd has not come yet.
                 if let Some(fd) = self.hellos.get(pair) {
                     let _ = fd.read();
                 }
+                self.owed_look(pair, true);
+                Ok(())
+            }
+            e if e as u64 == owed_id(self.port.queue_pairs()) => {
+                if let Some(o) = self.owed.get(pair) {
+                    o.timer.clear();
+                }
+                self.owed_look(pair, false);
                 Ok(())
             }
             _ => Ok(()),

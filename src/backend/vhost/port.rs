@@ -12,6 +12,7 @@ use std::time::Instant;
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::coalesce::{Announce, RxCoalesce};
 use super::pace::{Admit, Pacer};
@@ -133,6 +134,9 @@ pub struct Port {
     /// have published used entries and died before its call, and with EVENT_IDX the
     /// guest waits for that call forever; one call after the start is always due.
     owed_call: Box<[AtomicBool]>,
+    /// The wake-ups of the port's queue workers (`PortBackend`): each makes its
+    /// worker look at what a device start owes (`PortBackend::owed_look`).
+    wakes: Mutex<Vec<EventFd>>,
     /// Set by a clean stop (`quiesce`): no ring is written again, so the used indexes
     /// QEMU reads back once the connection is closed are final. A write after that
     /// would put a used index the guest has passed behind what the next gsonet
@@ -170,6 +174,7 @@ impl Port {
             tx_coalesce_usecs: AtomicU32::new(cfg.tx_coalesce_usecs.min(MAX_TX_COALESCE_USECS)),
             pacer: Pacer::new(pairs)?,
             owed_call: (0..2 * pairs).map(|_| AtomicBool::new(false)).collect(),
+            wakes: Mutex::new(Vec::new()),
             quiesced: AtomicBool::new(false),
             tx_gate: RwLock::new(()),
             stats: Counters::default(),
@@ -329,6 +334,26 @@ impl Port {
         for c in self.owed_call.iter() {
             c.store(true, Ordering::Release);
         }
+    }
+
+    /// The workers to wake when a ring of the port may have started (`wake_workers`).
+    pub fn set_wakes(&self, wakes: Vec<EventFd>) {
+        *self.wakes.lock().unwrap_or_else(|e| e.into_inner()) = wakes;
+    }
+
+    /// A request that may start a ring went to the vhost crate (features, a ring's
+    /// kick, call or enable): every worker looks at the calls the start owes.
+    pub fn wake_workers(&self) {
+        for w in self.wakes.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = w.write(1);
+        }
+    }
+
+    /// Whether a queue of pair `pair` still owes its guest a call since the device
+    /// started.
+    pub fn owes(&self, pair: usize) -> bool {
+        let owed = |f: Option<&AtomicBool>| f.is_some_and(|f| f.load(Ordering::Acquire));
+        owed(self.owed_call.get(2 * pair)) || owed(self.owed_call.get(2 * pair + 1))
     }
 
     /// Calls the guest on `queue` if a call is owed since the device started and the

@@ -296,6 +296,9 @@ fn inbound(
         if send(back, &Msg { hdr, payload, fds }).is_err() {
             return End::Closed;
         }
+        if starts_rings(hdr.request) {
+            port.wake_workers();
+        }
         if hdr.request == req::SET_FEATURES
             && fw
                 .early()
@@ -304,6 +307,15 @@ fn inbound(
             return End::Closed;
         }
     }
+}
+
+/// Requests after which a ring may run (the device started, a ring got its kick or
+/// call fd, or was enabled): what the start owes the guest is looked at.
+fn starts_rings(request: u32) -> bool {
+    matches!(
+        request,
+        req::SET_FEATURES | req::SET_VRING_KICK | req::SET_VRING_CALL | req::SET_VRING_ENABLE
+    )
 }
 
 /// Requests after which the rings' used indexes must be final: they stop, reset,
