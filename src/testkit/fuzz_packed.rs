@@ -402,38 +402,25 @@ pub fn seeds() -> Vec<Vec<u8>> {
         &[],
     ));
     // A chain from slot 2 across the end (slot 0 available under the flipped
-    // counter), given back and taken again.
-    v.push(encode(
-        2,
-        4,
-        0x8002,
-        16,
-        4,
-        (0, 0),
-        &[
-            (0x6000, 30, 9, U),
-            (0, 0, 0, 0),
-            (0x6200, 10, 9, A | n),
-            (0x6300, 20, 9, A | n),
-        ],
-        &[],
-    ));
-    // The same with a lying wrap counter at slot 0.
-    v.push(encode(
-        0,
-        4,
-        0x8002,
-        16,
-        4,
-        (0, 1),
-        &[
-            (0x6000, 30, 9, A),
-            (0, 0, 0, 0),
-            (0x6200, 10, 9, A | n),
-            (0x6300, 20, 9, A | n),
-        ],
-        &[],
-    ));
+    // counter), given back and taken again; then the same with a lying wrap
+    // counter at slot 0.
+    for (mode, event, slot0) in [(2, 0, U), (0, 1, A)] {
+        v.push(encode(
+            mode,
+            4,
+            0x8002,
+            16,
+            4,
+            (0, event),
+            &[
+                (0x6000, 30, 9, slot0),
+                (0, 0, 0, 0),
+                (0x6200, 10, 9, A | n),
+                (0x6300, 20, 9, A | n),
+            ],
+            &[],
+        ));
+    }
     // An indirect table at DATA of three entries; one in a chain; one chained on.
     let mut table = Vec::new();
     for k in 0..3u64 {

@@ -509,6 +509,36 @@ pub struct TestFrontend {
 }
 
 const RING_ALIGN: u64 = 4096;
+
+/// Gives the backend ring `i`: its size, first index `base`, addresses and kick
+/// descriptor (the call descriptor is the caller's to send).
+fn set_up_ring(
+    vu: &Frontend,
+    mem: &GuestMemoryMmap<()>,
+    i: usize,
+    qs: u16,
+    base: u16,
+    q: &DriverQueue,
+) -> Result<()> {
+    let hva = |gpa: u64| -> Result<u64> {
+        Ok(mem
+            .get_host_address(GuestAddress(gpa))
+            .map_err(|e| anyhow!("hva: {e:?}"))? as u64)
+    };
+    vu.set_vring_num(i, qs).context("SET_VRING_NUM")?;
+    vu.set_vring_base(i, base).context("SET_VRING_BASE")?;
+    let cfg = VringConfigData {
+        queue_max_size: qs,
+        queue_size: qs,
+        flags: 0,
+        desc_table_addr: hva(q.desc)?,
+        used_ring_addr: hva(q.used)?,
+        avail_ring_addr: hva(q.avail)?,
+        log_addr: None,
+    };
+    vu.set_vring_addr(i, &cfg).context("SET_VRING_ADDR")?;
+    vu.set_vring_kick(i, &q.kick).context("SET_VRING_KICK")
+}
 /// Gap with poison after every TX segment.
 const GUARD: u64 = 16;
 const POISON: u8 = 0xEE;
@@ -672,24 +702,7 @@ impl TestFrontend {
         arena.rr = 0;
 
         for (i, q) in queues.iter().enumerate() {
-            let hva = |gpa: u64| -> Result<u64> {
-                Ok(mem
-                    .get_host_address(GuestAddress(gpa))
-                    .map_err(|e| anyhow!("hva: {e:?}"))? as u64)
-            };
-            vu.set_vring_num(i, qs).context("SET_VRING_NUM")?;
-            vu.set_vring_base(i, 0).context("SET_VRING_BASE")?;
-            let cfg = VringConfigData {
-                queue_max_size: qs,
-                queue_size: qs,
-                flags: 0,
-                desc_table_addr: hva(q.desc)?,
-                used_ring_addr: hva(q.used)?,
-                avail_ring_addr: hva(q.avail)?,
-                log_addr: None,
-            };
-            vu.set_vring_addr(i, &cfg).context("SET_VRING_ADDR")?;
-            vu.set_vring_kick(i, &q.kick).context("SET_VRING_KICK")?;
+            set_up_ring(&vu, &mem, i, qs, 0, q)?;
             vu.set_vring_call(i, &q.call).context("SET_VRING_CALL")?;
         }
         if use_proto {
@@ -922,29 +935,7 @@ impl TestFrontend {
             q.call = EventFd::new(EFD_NONBLOCK)?;
         }
         for (i, q) in self.queues.iter().enumerate() {
-            let hva = |gpa: u64| -> Result<u64> {
-                Ok(self
-                    .mem
-                    .get_host_address(GuestAddress(gpa))
-                    .map_err(|e| anyhow!("hva: {e:?}"))? as u64)
-            };
-            self.vu.set_vring_num(i, qs).context("SET_VRING_NUM")?;
-            self.vu
-                .set_vring_base(i, bases[i] as u16)
-                .context("SET_VRING_BASE")?;
-            let cfg = VringConfigData {
-                queue_max_size: qs,
-                queue_size: qs,
-                flags: 0,
-                desc_table_addr: hva(q.desc)?,
-                used_ring_addr: hva(q.used)?,
-                avail_ring_addr: hva(q.avail)?,
-                log_addr: None,
-            };
-            self.vu.set_vring_addr(i, &cfg).context("SET_VRING_ADDR")?;
-            self.vu
-                .set_vring_kick(i, &q.kick)
-                .context("SET_VRING_KICK")?;
+            set_up_ring(&self.vu, &self.mem, i, qs, bases[i] as u16, q)?;
         }
         if self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
             for i in 0..2 {

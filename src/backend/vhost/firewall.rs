@@ -614,7 +614,7 @@ fn overlap(r: &Mapped, o: &Mapped) -> Refusal {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     const POLICY: Policy = Policy {
@@ -987,8 +987,8 @@ mod tests {
     }
 
     /// ADD/REM_MEM_REG's payload: padding, then guest address, size, user address,
-    /// offset.
-    fn reg(gpa: u64, size: u64, uaddr: u64, offset: u64) -> Vec<u8> {
+    /// offset (the relay's tests send it too).
+    pub(in crate::backend::vhost) fn reg(gpa: u64, size: u64, uaddr: u64, offset: u64) -> Vec<u8> {
         let mut p = vec![0u8; 8];
         p.extend(
             [gpa, size, uaddr, offset]

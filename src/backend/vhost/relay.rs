@@ -432,6 +432,7 @@ pub fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::vhost::firewall::tests::reg;
     use crate::config::PortConfig;
     use crate::sys::fd::is_nonblocking;
     use std::fs::File;
@@ -740,16 +741,6 @@ mod tests {
     }
 
     const MEM_SLOTS: u64 = 1 << 15;
-
-    fn reg(gpa: u64, size: u64, uaddr: u64, offset: u64) -> Vec<u8> {
-        let mut p = vec![0u8; 8];
-        p.extend(
-            [gpa, size, uaddr, offset]
-                .iter()
-                .flat_map(|v| v.to_le_bytes()),
-        );
-        p
-    }
 
     #[test]
     fn mem_slots_are_answered_here_and_added_files_checked() {
