@@ -16,15 +16,14 @@ its default device (GUEST_TSO4/6 acked).
 import os
 import statistics
 import subprocess
-from types import SimpleNamespace
 
 import pytest
 
-from harness.gsonet import Gsonet, counters_delta
+from harness.gsonet import counters_delta
 from harness.guest import Guest
-from harness.hostnet import alloc_subnet, delete_link, set_addr, unique_name
+from harness.hostnet import unique_name
 from harness.iperf import iperf3_guest_client, iperf3_guest_server
-from harness.qemu import vhost_user_netdev
+from harness.pair import guest_pair
 from harness.transfer import transfer_guest_to_guest, transfer_host_to_guest
 
 SECONDS = int(os.environ.get("GSONET_GRO_SECONDS", "5"))
@@ -33,30 +32,7 @@ ROUNDS = int(os.environ.get("GSONET_GRO_ROUNDS", "3"))
 
 @pytest.fixture(scope="module")
 def pair(guest_env, tmp_path_factory):
-    n = alloc_subnet()
-    work = tmp_path_factory.mktemp("gro")
-    ns = SimpleNamespace(
-        ip_a=f"10.77.{n}.2", ip_b=f"10.77.{n}.3",
-        ip6_a=f"fd00:77:{n}::2", ip6_b=f"fd00:77:{n}::3",
-        host_ip=f"10.77.{n}.1", tap=unique_name("gro"),
-        a=None, b=None,
-    )
-    socks = [str(work / "a.sock"), str(work / "b.sock")]
-    ns.gs = Gsonet([f"socket={s}" for s in socks], [f"tap={ns.tap}"], workdir=work,
-                   name="gsonet-gro")
-    try:
-        ns.gs.start()
-        set_addr(ns.tap, f"{ns.host_ip}/24")
-        ns.a = Guest("gro-a", vhost_user_netdev(socks[0]),
-                     ip=f"{ns.ip_a}/24", ip6=f"{ns.ip6_a}/64")
-        ns.b = Guest("gro-b", vhost_user_netdev(socks[1]),
-                     ip=f"{ns.ip_b}/24", ip6=f"{ns.ip6_b}/64")
-        ns.a.start()
-        ns.b.start()
-        ns.a.wait_booted()
-        ns.b.wait_booted()
-        ns.gs.wait_port(0, True)
-        ns.gs.wait_port(1, True)
+    with guest_pair(tmp_path_factory.mktemp("gro"), "gro", tap=unique_name("gro")) as ns:
         ns.b.ethtool_set(tso=False, gso=False)
         feats = ns.b.ethtool_features()
         assert feats["tcp-segmentation-offload"] == "off", feats
@@ -64,12 +40,6 @@ def pair(guest_env, tmp_path_factory):
         rx = ns.gs.port_stats(0)["guest_rx"]
         assert rx["tso4"] and rx["tso6"] and rx["csum"], rx
         yield ns
-    finally:
-        for g in (ns.a, ns.b):
-            if g is not None:
-                g.shutdown()
-        ns.gs.stop()
-        delete_link(ns.tap)
 
 
 def _port_a_delta(ns, fn):

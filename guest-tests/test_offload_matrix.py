@@ -29,10 +29,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.gsonet import Gsonet, counters_delta
+from harness.gsonet import counters_delta
 from harness.guest import Guest
-from harness.hostnet import alloc_subnet, delete_link, set_addr
-from harness.qemu import vhost_user_netdev
+from harness.pair import guest_pair
 from harness.transfer import transfer_guest_to_guest, transfer_guest_to_host, transfer_host_to_guest
 
 MIB = int(os.environ.get("GSONET_MATRIX_MIB", "4"))
@@ -46,53 +45,9 @@ DEFAULT_FEATURES = {"tx": True, "sg": True, "tso": True, "gso": True, "gro": Tru
 def mx(guest_env, tmp_path_factory):
     """gsonet with ports p0, p1 and a tap uplink; guest A on p0 (.2), guest B on
     p1 (.3, rebooted per device-property set with ``mx.boot_b(props)``)."""
-    n = alloc_subnet()
-    work = tmp_path_factory.mktemp("matrix")
-    ns = SimpleNamespace(
-        host_ip=f"10.77.{n}.1", host_ip6=f"fd00:77:{n}::1",
-        a_ip=f"10.77.{n}.2", a_ip6=f"fd00:77:{n}::2",
-        b_ip=f"10.77.{n}.3", b_ip6=f"fd00:77:{n}::3",
-        tap=f"gsnm{os.getpid() % 100000}",
-        socks=[str(work / "a.sock"), str(work / "b.sock")],
-        a=None, b=None, b_props=None,
-    )
-    ns.gs = Gsonet([f"socket={s}" for s in ns.socks], [f"tap={ns.tap}"],
-                   workdir=work, name="gsonet-matrix")
-
-    def boot_b(props: dict | None = None):
-        props = dict(props or {})
-        if ns.b is not None and ns.b_props == props and ns.b.alive():
-            return ns.b
-        if ns.b is not None:
-            ns.b.shutdown()
-            ns.b = None
-            ns.gs.wait_port(1, False)
-        g = Guest("mxb", vhost_user_netdev(ns.socks[1]), props,
-                  ip=f"{ns.b_ip}/24", ip6=f"{ns.b_ip6}/64")
-        ns.b = g
-        g.start()
-        g.wait_booted()
-        ns.gs.wait_port(1, True)
-        ns.b_props = props
-        return g
-
-    ns.boot_b = boot_b
-    try:
-        ns.gs.start()
-        set_addr(ns.tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
-        ns.a = Guest("mxa", vhost_user_netdev(ns.socks[0]),
-                     ip=f"{ns.a_ip}/24", ip6=f"{ns.a_ip6}/64")
-        ns.a.start()
-        ns.a.wait_booted()
-        ns.gs.wait_port(0, True)
-        boot_b({})
+    with guest_pair(tmp_path_factory.mktemp("matrix"), "mx",
+                    tap=f"gsnm{os.getpid() % 100000}") as ns:
         yield ns
-    finally:
-        for g in (ns.a, ns.b):
-            if g is not None:
-                g.shutdown()
-        ns.gs.stop()
-        delete_link(ns.tap)
 
 
 # ---- helpers ------------------------------------------------------------------
@@ -205,7 +160,7 @@ def _ethtool_case(mx, feature: str, ipv6: bool, g2g: bool) -> None:
                 assert d.p[0]["gso_passed"] > 0, d.p[0]
             if g2g:
                 b = mx.boot_b({})
-                d = xfer(mx, "g2g", a, mx.b_ip, dst=b)
+                d = xfer(mx, "g2g", a, mx.ip_b, dst=b)
                 # B acked GUEST_TSO4: A's TSO frames go to it intact.
                 assert (d.p[1]["gso_passed"] > 0) == tso, (feature, state, d.p[1])
                 assert d.p[1]["gso_segmented"] == 0, d.p[1]
@@ -319,14 +274,14 @@ def test_ecn_enabled_in_guests(mx):
         xfer(mx, "h2g", mx.a, mx.host_ip)
         pkts = sniff.stop()
         sniff = None
-        xfer(mx, "g2g", mx.a, mx.b_ip, dst=b)
-        xfer(mx, "g2g", b, mx.a_ip, dst=mx.a)
+        xfer(mx, "g2g", mx.a, mx.ip_b, dst=b)
+        xfer(mx, "g2g", b, mx.ip_a, dst=mx.a)
     finally:
         if sniff is not None:
             sniff.stop()
         for g in (mx.a, b):
             g.run("sysctl -w net.ipv4.tcp_ecn=2")
-    seen = _ecn_seen(pkts, mx.a_ip)
+    seen = _ecn_seen(pkts, mx.ip_a)
     assert seen["syn_ecn"] >= 2 and seen["synack_ece"] >= 2, seen
     # Retransmissions go without ECT (RFC 3168 6.1.5): nearly all, not all.
     assert seen["data"] > 0 and seen["data_ect"] >= 0.9 * seen["data"], seen
@@ -460,12 +415,12 @@ def _device_case(mx, props: dict, g2g: bool) -> None:
         if not rx["csum"]:
             assert d.p[1]["gso_passed"] == 0, d.p[1]
     if g2g:
-        d = xfer(mx, "g2g", mx.a, mx.b_ip, dst=b)
+        d = xfer(mx, "g2g", mx.a, mx.ip_b, dst=b)
         if rx["tso4"]:
             assert d.p[1]["gso_passed"] > 0, d.p[1]
         else:
             assert d.p[1]["gso_segmented"] > 0 and d.p[1]["gso_passed"] == 0, d.p[1]
-        xfer(mx, "g2g", b, mx.a_ip, dst=mx.a)
+        xfer(mx, "g2g", b, mx.ip_a, dst=mx.a)
 
 
 @pytest.mark.slow
@@ -495,7 +450,7 @@ def test_uso_properties_and_udp_segment(mx, record_measurement):
     feats = b.ethtool_features()
     assert feats.get("tx-udp-segmentation") == "off", feats
     before = mx.gs.stats()
-    _udp_checks(mx, b, mx.b_ip, mx.b_ip6)
+    _udp_checks(mx, b, mx.ip_b, mx.ip6_b)
     d = _delta(before, mx.gs.stats())
     # The guest kernel segmented: nothing larger than one datagram crossed.
     assert _large(d.up) == 0, d.up
@@ -506,4 +461,4 @@ def test_uso_properties_and_udp_segment(mx, record_measurement):
 @pytest.mark.full
 def test_udp_segment_default_guest(mx):
     """The same UDP_SEGMENT traffic on guest A (default properties)."""
-    _udp_checks(mx, mx.a, mx.a_ip, mx.a_ip6)
+    _udp_checks(mx, mx.a, mx.ip_a, mx.ip6_a)

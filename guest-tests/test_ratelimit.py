@@ -8,15 +8,12 @@ with its md5; iperf3 B->A under the limit is recorded with B's TSO on and off
 """
 
 import os
-from types import SimpleNamespace
 
 import pytest
 
-from harness.gsonet import Gsonet, counters_delta
-from harness.guest import Guest
-from harness.hostnet import alloc_subnet
+from harness.gsonet import counters_delta
 from harness.iperf import iperf3_guest_client, iperf3_guest_server
-from harness.qemu import vhost_user_netdev
+from harness.pair import guest_pair
 from harness.transfer import transfer_guest_to_guest
 
 SECONDS = int(os.environ.get("GSONET_RATE_SECONDS", "5"))
@@ -24,27 +21,8 @@ SECONDS = int(os.environ.get("GSONET_RATE_SECONDS", "5"))
 
 @pytest.fixture(scope="module")
 def pair(guest_env, tmp_path_factory):
-    n = alloc_subnet()
-    work = tmp_path_factory.mktemp("rate")
-    ns = SimpleNamespace(ip_a=f"10.77.{n}.2", ip_b=f"10.77.{n}.3", a=None, b=None)
-    socks = [str(work / "a.sock"), str(work / "b.sock")]
-    ns.gs = Gsonet([f"socket={s}" for s in socks], workdir=work, name="gsonet-rate")
-    try:
-        ns.gs.start()
-        ns.a = Guest("rate-a", vhost_user_netdev(socks[0]), ip=f"{ns.ip_a}/24")
-        ns.b = Guest("rate-b", vhost_user_netdev(socks[1]), ip=f"{ns.ip_b}/24")
-        ns.a.start()
-        ns.b.start()
-        ns.a.wait_booted()
-        ns.b.wait_booted()
-        ns.gs.wait_port(0, True)
-        ns.gs.wait_port(1, True)
+    with guest_pair(tmp_path_factory.mktemp("rate"), "rate") as ns:
         yield ns
-    finally:
-        for g in (ns.a, ns.b):
-            if g is not None:
-                g.shutdown()
-        ns.gs.stop()
 
 
 def _b_delta(ns, fn):

@@ -21,10 +21,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.gsonet import Gsonet, counters_delta
+from harness.gsonet import counters_delta
 from harness.guest import Guest
 from harness.hostnet import alloc_subnet, create_bridge, delete_link
 from harness.iperf import iperf3_guest_client, iperf3_guest_server
+from harness.pair import guest_pair
 from harness.qemu import tap_netdev, vhost_user_netdev
 from harness.transfer import transfer_guest_to_guest
 
@@ -86,21 +87,8 @@ def _ping_both_ways(ns) -> None:
 @pytest.fixture(scope="class")
 def gsonet_pair(guest_env, tmp_path_factory):
     """Guests A (port 0) and B (port 1) on one gsonet without uplink."""
-    ns = _pair_net(alloc_subnet())
-    work = tmp_path_factory.mktemp("gsonet-switch")
-    ns.sock_a, ns.sock_b = str(work / "a.sock"), str(work / "b.sock")
-    ns.gs = Gsonet([f"socket={ns.sock_a}", f"socket={ns.sock_b}"], workdir=work,
-                   name="gsonet-switch")
-    ns.a = ns.b = None
-    try:
-        ns.gs.start()
-        _boot_pair(ns, vhost_user_netdev(ns.sock_a), vhost_user_netdev(ns.sock_b), "sw")
+    with guest_pair(tmp_path_factory.mktemp("gsonet-switch"), "sw") as ns:
         yield ns
-    finally:
-        for g in (ns.a, ns.b):
-            if g is not None:
-                g.shutdown()
-        ns.gs.stop()
 
 
 class TestGsonetSwitch:
@@ -158,7 +146,7 @@ class TestGsonetSwitch:
         """(b) A did not ack GUEST_TSO4/6: gsonet segments B's TSO frames in
         software; the data arrives intact (md5) and the counters say so.
         Runs last in the class: it replaces guest A."""
-        _restart_a(pair, vhost_user_netdev(pair.sock_a), "sw", NO_GUEST_TSO)
+        _restart_a(pair, vhost_user_netdev(pair.socks[0]), "sw", NO_GUEST_TSO)
         p = pair.gs.port_stats(0)
         assert p["connected"] and not p["guest_rx"]["tso4"] and not p["guest_rx"]["tso6"], p
         before = p["stats"]
