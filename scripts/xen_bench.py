@@ -107,10 +107,17 @@ def main() -> int:
                 if (v := got(prefix, key, r)) is not None]
 
     def per_gb(prefix: str, key: str, what: str) -> list[float]:
-        """dom0's (or gsonet's, or all domains') CPU seconds per GB moved, per round."""
+        """CPU seconds per GB moved, per round: `what` is a measured CPU figure
+        (lib.sh `measure`: dom0, gsonet, domains, dom0_xen), or dom0_own: dom0's busy
+        time with its steal left out."""
         out = []
         for r in range(1, args.rounds + 1):
-            mbps, used = got(prefix, key, r), got(prefix, f"{key}.cpu_{what}", r)
+            mbps = got(prefix, key, r)
+            if what == "dom0_own":
+                busy, steal = got(prefix, f"{key}.cpu_dom0", r), got(prefix, f"{key}.cpu_steal", r)
+                used = None if busy is None or steal is None else busy - steal
+            else:
+                used = got(prefix, f"{key}.cpu_{what}", r)
             if mbps and used is not None:
                 out.append(used / (mbps * args.seconds / 8000))
         return out
@@ -132,20 +139,30 @@ def main() -> int:
         for w in ("gsonet", "kernel", "qemu"):
             if vals[w]:
                 print(f"{'':<16}{w}: " + " ".join(f"{v:.3g}" for v in vals[w]))
-    # CPU per byte: what each netback costs dom0, next to what it moves.
-    print("\ndom0 CPU seconds per GB moved, median of the rounds "
-          "(gsonet: dom0 / gsonet's own threads)")
-    print(f"{'path':<14}{'gsonet':>16}{'kernel':>10}{'QEMU':>10}{'g/kernel':>10}")
+    # CPU per byte: what each netback costs dom0, next to what it moves. dom0's own
+    # count leaves out its steal (time Xen gave another domain while dom0 waited);
+    # gsonet's threads' count cannot (dom0's kernel charges a task by a clock that
+    # runs on while it waits), so it is an upper bound with 2 dom0 vCPUs. Xen's count
+    # of dom0's vCPUs takes in the time Xen spends on dom0's behalf (grant copies, and
+    # under TCG its own spinlocks: docs/xen.md).
+    print("\ndom0 CPU seconds per GB moved, median of the rounds: dom0's own count "
+          "without steal (gsonet: dom0 / gsonet's threads, steal included); "
+          "Xen's count of dom0")
+    print(f"{'path':<14}{'gsonet':>16}{'kernel':>10}{'QEMU':>10}{'g/kernel':>10}"
+          f"{'Xen: gsonet':>13}{'kernel':>9}")
     for label, key in ROWS:
-        cells = {}
+        cells, xen_cells = {}, {}
         for w in ("gsonet", "kernel", "qemu"):
-            cells[w] = median(per_gb(PREFIX[w], key, "dom0"))
+            cells[w] = median(per_gb(PREFIX[w], key, "dom0_own"))
+            xen_cells[w] = median(per_gb(PREFIX[w], key, "dom0_xen"))
         own = median(per_gb("gsonet", key, "gsonet"))
         table[key]["dom0_cpu_s_per_gb"] = cells
+        table[key]["dom0_xen_cpu_s_per_gb"] = xen_cells
         table[key]["gsonet_cpu_s_per_gb"] = own
         g = "-" if cells["gsonet"] is None else f"{cells['gsonet']:.1f} / {own or 0:.1f}"
         print(f"{label:<14}{g:>16}{fmt(cells['kernel']):>10}{fmt(cells['qemu']):>10}"
-              f"{ratio(cells['gsonet'], cells['kernel']):>10}")
+              f"{ratio(cells['gsonet'], cells['kernel']):>10}"
+              f"{fmt(xen_cells['gsonet']):>13}{fmt(xen_cells['kernel']):>9}")
     if args.offloads:
         on = got("gsonet", "domu_to_dom0_mbps", 1)
         off = got("gsonet.nooffload", "domu_to_dom0_mbps", 1)

@@ -3,7 +3,7 @@
 the emulated CPUs, taken from outside (nothing runs in the guests to take it).
 
     sudo python3 scripts/xen_profile.py [--seconds 15] [--hz 50]
-        [--backend gsonet kernel-netback] [--pin] [--streams N]
+        [--backend gsonet kernel-netback] [--pin] [--streams N] [--domu-vcpus N]
 
 It boots the rig once with the chosen scenarios (guest-tests/xen/scenarios/) and a
 QEMU monitor socket, and while a `measure` of the scenario runs (its XT-MEASURE
@@ -286,6 +286,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--streams", type=int, default=1,
                     help="parallel TCP streams of the dom0 <-> domU runs (iperf3 -P)")
+    ap.add_argument("--domu-vcpus", type=int, default=1,
+                    help="the domUs' vCPUs (a netfront asks for a queue per vCPU)")
     ap.add_argument("--domus", type=int, choices=(1, 2), default=1,
                     help="2 adds the domU -> domU runs (two domUs on the netback)")
     ap.add_argument("--pin", action="store_true",
@@ -304,6 +306,8 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="gsonet-xenprof-")
     mon_path = f"{tmp}/monitor.sock"
     env = {"XT_DOMU_CPUS": "1"} if args.pin else {}
+    if args.domu_vcpus > 1:
+        env["XT_DOMU_VCPUS"] = str(args.domu_vcpus)
     if args.streams > 1:
         env["XT_IPERF_ARGS"] = f"-P {args.streams}"
     script = xen.scenario(*args.backend, XT_SECONDS=args.seconds, XT_PROFILE=1,

@@ -92,24 +92,32 @@ iperf_mbps() {
         || { cat /tmp/iperf.out >&2; echo 0; }
 }
 
-# cpu_now: "dom0 gsonet domains" CPU seconds used so far: dom0's vCPUs busy (from
-# /proc/stat: all but idle and iowait), gsonet's threads (user + system, 0 when it
-# is not running) and every domain's vCPUs (`xl list`'s Time(s)).
-cpu_now() { # dom0 s, gsonet s, all domains s, gsonet minor faults, dom0 context switches
-    local dom0 gs=0 flt=0 doms ctxt
+# cpu_now: CPU seconds used so far: dom0's vCPUs busy (from /proc/stat: all but idle
+# and iowait, steal included), gsonet's threads (user + system, 0 when it is not
+# running), every domain's vCPUs (`xl list`'s Time(s)), dom0's own vCPUs as Xen
+# counts them (`xl list`, Domain-0) and dom0's steal (/proc/stat). With dom0's vCPUs
+# sharing the CPUs with domUs (GSONET_XEN_DOM0_VCPUS=2), dom0's kernel counts a
+# task's time by its own clock, which runs on while Xen runs another domain: a
+# task's user + system time then takes in time stolen from it, and only Xen's count
+# is dom0's use of the CPUs (docs/xen.md, "Measuring with two dom0 vCPUs").
+cpu_now() { # dom0 s, gsonet s, all domains s, gsonet minor faults, dom0 context switches, dom0 s (Xen), dom0 steal s
+    local dom0 gs=0 flt=0 doms ctxt xdom0 steal
     dom0="$(awk '/^cpu / {print ($2 + $3 + $4 + $7 + $8 + $9) / 100}' /proc/stat)"
+    steal="$(awk '/^cpu / {print $9 / 100}' /proc/stat)"
     ctxt="$(awk '/^ctxt / {print $2}' /proc/stat)"
     if [ -n "${GSONET_PID:-}" ] && [ -r "/proc/$GSONET_PID/stat" ]; then
         set -- $(awk '{print ($14 + $15) / 100, $10}' "/proc/$GSONET_PID/stat")
         gs="$1" flt="$2"
     fi
-    doms="$(xl list | awk 'NR > 1 {t += $NF} END {print t + 0}')"
-    echo "$dom0 $gs $doms $flt $ctxt"
+    set -- $(xl list | awk 'NR > 1 {t += $NF} $2 == 0 {d = $NF} END {print t + 0, d + 0}')
+    doms="$1" xdom0="$2"
+    echo "$dom0 $gs $doms $flt $ctxt $xdom0 $steal"
 }
 
 # measure KEY CMD...: `result KEY "$(CMD...)"`, and the CPU seconds it cost as
-# KEY.cpu_dom0, KEY.cpu_gsonet, KEY.cpu_domains (see cpu_now); with gsonet's minor
-# page faults (KEY.gsonet_minflt) and dom0's context switches (KEY.dom0_ctxt).
+# KEY.cpu_dom0, KEY.cpu_gsonet, KEY.cpu_domains, KEY.cpu_dom0_xen, KEY.cpu_steal (see
+# cpu_now); with gsonet's minor page faults (KEY.gsonet_minflt) and dom0's context
+# switches (KEY.dom0_ctxt).
 measure() {
     local key="$1" a b v
     shift
@@ -133,11 +141,13 @@ measure() {
     echo "XT-MEASURE stop $key"
     result "$key" "$v"
     set -- $a $b
-    result "$key.cpu_dom0" "$(awk "BEGIN {print $6 - $1}")"
-    result "$key.cpu_gsonet" "$(awk "BEGIN {print $7 - $2}")"
-    result "$key.cpu_domains" "$(awk "BEGIN {print $8 - $3}")"
-    result "$key.gsonet_minflt" "$(awk "BEGIN {print $9 - $4}")"
-    result "$key.dom0_ctxt" "$(awk "BEGIN {print ${10} - $5}")"
+    result "$key.cpu_dom0" "$(awk "BEGIN {print $8 - $1}")"
+    result "$key.cpu_gsonet" "$(awk "BEGIN {print $9 - $2}")"
+    result "$key.cpu_domains" "$(awk "BEGIN {print ${10} - $3}")"
+    result "$key.gsonet_minflt" "$(awk "BEGIN {print ${11} - $4}")"
+    result "$key.dom0_ctxt" "$(awk "BEGIN {print ${12} - $5}")"
+    result "$key.cpu_dom0_xen" "$(awk "BEGIN {print ${13} - $6}")"
+    result "$key.cpu_steal" "$(awk "BEGIN {print ${14} - $7}")"
 }
 
 # domu_queue_irqs IP: the domU's interrupt counts of its netfront's event channels,

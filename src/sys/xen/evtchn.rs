@@ -99,38 +99,36 @@ impl EvtchnDev {
     }
 
     /// The ports that fired since the last call (at most `out.len()`), without
-    /// waiting; each stays masked until [`EvtchnDev::unmask`].
+    /// waiting; each stays masked until [`EvtchnDev::unmask`]. The device hands out
+    /// whole ports in native byte order, read straight into `out` (a worker calls this
+    /// at every wake-up: nothing is allocated).
     pub fn pending(&self, out: &mut [u32]) -> io::Result<usize> {
-        let mut bytes = vec![0u8; out.len() * 4];
-        // SAFETY: reads at most bytes.len() bytes into the buffer we own.
+        // SAFETY: reads at most size_of_val(out) bytes into `out`, which we borrow
+        // mutably; any bytes are a valid u32.
         let r = unsafe {
             libc::read(
                 self.file.as_raw_fd(),
-                bytes.as_mut_ptr().cast(),
-                bytes.len(),
+                out.as_mut_ptr().cast(),
+                std::mem::size_of_val(out),
             )
         };
-        let n = match crate::sys::check_len(r) {
-            Ok(n) => n / 4,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-            Err(e) => return Err(e),
-        };
-        for (i, o) in out.iter_mut().take(n).enumerate() {
-            *o = u32::from_ne_bytes([
-                bytes[4 * i],
-                bytes[4 * i + 1],
-                bytes[4 * i + 2],
-                bytes[4 * i + 3],
-            ]);
+        match crate::sys::check_len(r) {
+            Ok(n) => Ok((n / 4).min(out.len())),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) => Err(e),
         }
-        Ok(n)
     }
 
-    /// Lets `ports` fire again.
+    /// Lets `ports` fire again (written as they are, native byte order).
     pub fn unmask(&self, ports: &[u32]) -> io::Result<()> {
-        let bytes: Vec<u8> = ports.iter().flat_map(|p| p.to_ne_bytes()).collect();
-        // SAFETY: writes bytes.len() bytes from the buffer we own.
-        let r = unsafe { libc::write(self.file.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+        // SAFETY: writes size_of_val(ports) bytes from the slice we borrow.
+        let r = unsafe {
+            libc::write(
+                self.file.as_raw_fd(),
+                ports.as_ptr().cast(),
+                std::mem::size_of_val(ports),
+            )
+        };
         crate::sys::check_len(r).map(|_| ())
     }
 
