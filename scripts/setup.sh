@@ -165,7 +165,7 @@ fi
 # 5. Guest image (kernel + initramfs); rebuilt only when its inputs change.
 say "guest image"
 [ -x "$ROOT/guest-tests/image/build.sh" ] && "$ROOT/guest-tests/image/build.sh"
-# the second guest kernel (Debian 12's stable 6.1) for `make test-full`
+# the second guest kernel (Debian 12's stable 6.1) for `make test-full` and make test's USO test
 [ -x "$ROOT/guest-tests/image/build.sh" ] && GSONET_GUEST_KERNEL=6.1 "$ROOT/guest-tests/image/build.sh"
 
 # 6. The nested Xen rig (Xen 4.17, PV dom0/domU images) from apt packages, extracted,

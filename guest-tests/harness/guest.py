@@ -98,6 +98,15 @@ class Guest:
 
         stdin is /dev/null, stderr is merged into the output. On timeout, ^C is
         sent and WaitTimeout raised. check=True raises HarnessError on rc != 0.
+
+        Whatever runs on after the command goes in a subshell (`(cmd &)`) or its own
+        session (`setsid`), never as a job of the console's shell (`cmd &`): busybox
+        ash reading a command's second line when a job of its own ends takes the
+        line as ended ("syntax error: unexpected end of file (expecting "}")"), and
+        on the 6.1 guest the shell then exits. A job ending 0.2 s after it started,
+        with `true` sent meanwhile, lost the shell in 10 of 30 rounds on either
+        kernel, in a subshell in none; it is what killed the 6.1 guest in
+        test_uso_properties_and_udp_segment while udp_recv was such a job.
         """
         assert self.console
         tag = uuid.uuid4().hex[:12]
