@@ -208,6 +208,15 @@ impl Counters {
         set_max(&self.tx_max_frame, bytes as u64);
     }
 
+    /// `tx` for `frames` frames of `bytes` in all, the largest `largest` bytes.
+    pub fn tx_many(&self, frames: u64, bytes: u64, largest: u64) {
+        if frames > 0 {
+            self.tx_frames.fetch_add(frames, Relaxed);
+            self.tx_bytes.fetch_add(bytes, Relaxed);
+            set_max(&self.tx_max_frame, largest);
+        }
+    }
+
     pub fn rx(&self, bytes: usize) {
         self.rx_frames.fetch_add(1, Relaxed);
         self.rx_bytes.fetch_add(bytes as u64, Relaxed);
@@ -218,6 +227,18 @@ impl Counters {
         self.rx(bytes);
         if gso {
             self.gso_passed.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// `frames` frames of `bytes` in all handed on intact, `gso` of them with their
+    /// GSO header: `rx_intact` for a run of frames, one update per counter.
+    pub fn rx_intact_many(&self, frames: u64, bytes: u64, gso: u64) {
+        if frames > 0 {
+            self.rx_frames.fetch_add(frames, Relaxed);
+            self.rx_bytes.fetch_add(bytes, Relaxed);
+        }
+        if gso > 0 {
+            self.gso_passed.fetch_add(gso, Relaxed);
         }
     }
 

@@ -52,7 +52,56 @@ pub trait Destination {
     ) -> Result<(), DropReason> {
         Err(DropReason::BadAddress)
     }
+    /// Hands over `frames` (each intact, its RX header made) through queue `queue`
+    /// in order, telling `each` how the i-th went. A destination that can writes
+    /// them under one hold of its queue.
+    fn send_run(
+        &self,
+        queue: usize,
+        frames: &[RunFrame<'_>],
+        each: &mut dyn FnMut(usize, Result<(), DropReason>),
+    ) {
+        send_each(self, queue, frames, each);
+    }
     fn stats(&self) -> &Counters;
+}
+
+/// `send_run` a frame at a time, through `send` and `send_guest`.
+pub fn send_each<D: Destination + ?Sized>(
+    dst: &D,
+    queue: usize,
+    frames: &[RunFrame<'_>],
+    each: &mut dyn FnMut(usize, Result<(), DropReason>),
+) {
+    for (i, f) in frames.iter().enumerate() {
+        let head = [f.head];
+        let r = match &f.tail {
+            Some(tail) => dst.send_guest(queue, &f.hdr, &head, tail),
+            None => dst.send(queue, &f.hdr, &head),
+        };
+        each(i, r);
+    }
+}
+
+/// One frame of a run (`run`), as its guest receives it: its RX header, and its bytes in
+/// the sender's memory (`head`) followed, for a one-copy frame, by the rest still
+/// in the sending guest's buffers (`tail`).
+#[derive(Clone, Copy)]
+pub struct RunFrame<'a> {
+    pub hdr: VirtioNetHdr,
+    pub head: &'a [u8],
+    pub tail: Option<GuestTail<'a>>,
+}
+
+impl RunFrame<'_> {
+    /// Bytes of the frame (without its header).
+    pub fn len(&self) -> usize {
+        self.head.len() + self.tail.map_or(0, |t| t.len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// What software segmentation a sender's frames may cost (a guest's segment budget).

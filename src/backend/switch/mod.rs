@@ -11,6 +11,7 @@
 pub mod backpressure;
 pub mod deliver;
 pub mod fdb;
+pub mod run;
 pub mod stable;
 pub mod vlan;
 pub mod write_batch;
@@ -33,6 +34,7 @@ use crate::vnet_hdr::VirtioNetHdr;
 use backpressure::RxRoom;
 use deliver::{deliver, DeliverCtx, Destination, OnFull, Outcome};
 use fdb::{Fdb, FdbMemo, Learned, MemoKey, UPLINK_MAC_LIMIT};
+use run::{Run, RunFrame, Stable};
 use vlan::{classify, Attach, ViewBuf};
 
 /// Where a frame came from or goes to.
@@ -701,6 +703,76 @@ impl Switch {
         let Some(route) = self.route(src, frame, &mut views, now, &mut ctx.fdb_memo) else {
             return;
         };
+        self.send_routed(route, queue, frame, ctx);
+    }
+
+    /// `forward`, for a sender whose frame's bytes stay put for its whole batch
+    /// (`bytes`: the same bytes as `frame`'s): a frame that goes intact and as it is
+    /// to one guest joins the sender's `run` for that guest's queue, written with
+    /// the frames next to it; any other is delivered now, after the run.
+    pub fn forward_in_run<'a>(
+        &self,
+        src: Endpoint,
+        queue: usize,
+        frame: &Frame,
+        bytes: Stable<'a>,
+        ctx: &mut DeliverCtx,
+        run: &mut Run<'a>,
+    ) {
+        let retagged = !matches!(self.topo.load().attach(src), Attach::Untagged);
+        if frame.guest.is_some() && retagged {
+            run.flush(ctx);
+            return self.forward(src, queue, frame, ctx);
+        }
+        let mut views = ViewBuf::default();
+        let now = ctx.now();
+        let Some(route) = self.route(src, frame, &mut views, now, &mut ctx.fdb_memo) else {
+            return;
+        };
+        match Self::joins_run(&route, queue, frame) {
+            Some((port, hdr)) => {
+                if ctx.rx_admit(port.as_ref(), frame) {
+                    let f = RunFrame {
+                        hdr,
+                        head: bytes.head,
+                        tail: bytes.tail,
+                    };
+                    run.push(port, queue, f, ctx);
+                }
+            }
+            None => {
+                run.flush(ctx);
+                self.send_routed(route, queue, frame, ctx);
+            }
+        }
+    }
+
+    /// The guest port `route` sends `frame` to, and the frame's RX header, if the
+    /// frame goes there as it is (not retagged, not cut, not coalesced), through
+    /// `queue`.
+    fn joins_run<'r>(
+        route: &'r Route,
+        queue: usize,
+        frame: &Frame,
+    ) -> Option<(&'r Arc<dyn SwitchPort>, VirtioNetHdr)> {
+        let dst @ Endpoint::Port(i) = route.known? else {
+            return None;
+        };
+        let view = route.view(dst)?;
+        if !std::ptr::eq(view.parts, frame.parts) {
+            return None;
+        }
+        let port = &route.topo.port(i)?.port;
+        let caps = port.caps();
+        let intact =
+            deliver::choose(&frame.hdr, caps, port.max_burst().is_some()) == deliver::Path::Intact;
+        let takes = frame.guest.is_none() || port.takes_guest_bytes(queue);
+        (intact && takes && !deliver::gro_applies(port.as_ref(), caps))
+            .then(|| (port, deliver::rx_header(&frame.hdr, caps)))
+    }
+
+    /// Sends a routed frame on: the rest of `forward`.
+    fn send_routed(&self, route: Route, queue: usize, frame: &Frame, ctx: &mut DeliverCtx) {
         if frame.guest.is_some() && route.known.is_none() {
             Self::made_whole(frame, ctx, move |whole, ctx| {
                 // An untagged-domain frame: every destination sees it as it is.

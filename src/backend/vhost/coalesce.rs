@@ -66,10 +66,10 @@ impl RxCoalesce {
         self.queues.get(pair).map(|q| &q.timer)
     }
 
-    /// A frame was written to queue `pair`.
-    pub fn frame(&self, pair: usize) {
+    /// `n` frames were written to queue `pair`.
+    pub fn frames(&self, pair: usize, n: u32) {
         if let Some(q) = self.queues.get(pair) {
-            q.waiting.fetch_add(1, SeqCst);
+            q.waiting.fetch_add(n, SeqCst);
         }
     }
 
@@ -111,33 +111,33 @@ mod tests {
     #[test]
     fn off_announces_every_batch_at_once() {
         let c = RxCoalesce::new(1, 0, 0).unwrap();
-        c.frame(0);
+        c.frames(0, 1);
         assert_eq!(c.batch_done(0), Announce::Now);
     }
 
     #[test]
     fn a_batch_waits_for_the_timer_until_enough_frames_wait() {
         let c = RxCoalesce::new(2, 5000, 3).unwrap();
-        c.frame(1);
+        c.frames(1, 1);
         assert_eq!(c.batch_done(1), Announce::Later);
-        c.frame(1);
+        c.frames(1, 1);
         assert_eq!(c.batch_done(1), Announce::Later);
-        c.frame(1);
+        c.frames(1, 1);
         assert_eq!(c.batch_done(1), Announce::Now, "3 frames waiting");
         // the other queue is independent
-        c.frame(0);
+        c.frames(0, 1);
         assert_eq!(c.batch_done(0), Announce::Later);
     }
 
     #[test]
     fn once_fired_the_next_batch_arms_the_timer_again() {
         let c = RxCoalesce::new(1, 1, 0).unwrap();
-        c.frame(0);
+        c.frames(0, 1);
         assert_eq!(c.batch_done(0), Announce::Later);
         assert!(c.queues[0].armed.load(SeqCst));
         c.fired(0);
         assert!(!c.queues[0].armed.load(SeqCst));
-        c.frame(0);
+        c.frames(0, 1);
         assert_eq!(c.batch_done(0), Announce::Later);
         assert!(c.queues[0].armed.load(SeqCst));
     }

@@ -18,7 +18,8 @@ use super::coalesce::{Announce, RxCoalesce};
 use super::pace::{Admit, Pacer};
 use crate::backend::ratelimit::{ByteRate, LogLimit, TokenBucket};
 use crate::backend::switch::backpressure::StallClock;
-use crate::backend::switch::deliver::{Destination, SegmentCharge};
+use crate::backend::switch::deliver::{send_each, Destination, SegmentCharge};
+use crate::backend::switch::run::RunFrame;
 use crate::backend::switch::SwitchPort;
 use crate::config::{PortConfig, RateLimit, MAX_TX_COALESCE_USECS};
 use crate::features::{self, Caps, FeatureMask, Negotiated};
@@ -451,15 +452,44 @@ impl Port {
         hdr: &VirtioNetHdr,
         src: Source<'_>,
     ) -> Result<(), RxError> {
+        let mut out = Ok(());
+        self.receive_all(pair, std::iter::once((hdr, src)), &mut |_, r| out = r);
+        out
+    }
+
+    /// Writes `frames` into RX queue `pair` in order, under one hold of the queue,
+    /// telling `each` how the i-th went. Once the queue has no room, the frames left
+    /// are not tried (they find it full too).
+    fn receive_all<'s>(
+        &self,
+        pair: usize,
+        frames: impl IntoIterator<Item = (&'s VirtioNetHdr, Source<'s>)>,
+        each: &mut dyn FnMut(usize, Result<(), RxError>),
+    ) {
+        let mut frames = frames.into_iter().enumerate();
+        if let Err(e) = self.write_frames(pair % self.rx.len(), &mut frames, each) {
+            for (i, _) in frames {
+                each(i, Err(e));
+            }
+        }
+    }
+
+    /// `receive_all`'s writes: an error when the queue took no more (every frame
+    /// `frames` still holds fails the same way).
+    fn write_frames<'s>(
+        &self,
+        pair: usize,
+        frames: &mut impl Iterator<Item = (usize, (&'s VirtioNetHdr, Source<'s>))>,
+        each: &mut dyn FnMut(usize, Result<(), RxError>),
+    ) -> Result<(), RxError> {
         let Some(neg) = self.negotiated() else {
             return Err(RxError::NoBuffers);
         };
-        let pair = pair % self.rx.len();
         let mut slot = self.rx[pair].lock().unwrap_or_else(|e| e.into_inner());
         if self.quiesced.load(Ordering::Acquire) {
             return Err(RxError::NoBuffers);
         }
-        // Under the queue's lock, so `set_mem` knows when this write is done with it.
+        // Under the queue's lock, so `set_mem` knows when these writes are done with it.
         let mem = self.mem.load();
         let Some(mem) = mem.as_deref() else {
             return Err(RxError::NoBuffers);
@@ -502,24 +532,35 @@ impl Port {
         }
         // The used index moves at the end of the sender's batch (`publish_rx`): one
         // store for the batch, not one per frame on a line the guest polls.
-        let r = rx::write_frame_in(&mut ring, &hm, scratch, hdr, fmt, src, false);
+        let mut written = 0;
+        let mut full = false;
+        for (i, (hdr, src)) in frames.by_ref() {
+            let r = rx::write_frame_in(&mut ring, &hm, scratch, hdr, fmt, src, false);
+            match r {
+                Ok(_) => written += 1,
+                Err(RxError::NoBuffers) => full = true,
+                Err(_) => {}
+            }
+            each(i, r.map(|_| ()));
+            if full {
+                break;
+            }
+        }
         ring.store(q);
         *avail_seen = ring.avail_seen.map(|seen| (ring.avail, seen));
-        *unpublished |= r.is_ok();
-        if r == Err(RxError::NoBuffers) {
+        *unpublished |= written > 0;
+        if written > 0 {
+            self.rx_coalesce.frames(pair, written);
+            self.stall.room();
+        }
+        if full {
             // Ask the guest to kick when it adds buffers (avail_event = next_avail, or
             // VRING_USED_F_NO_NOTIFY cleared).
             let _ = state.enable_notification();
+            self.stall.full();
+            return Err(RxError::NoBuffers);
         }
-        match r {
-            Ok(_) => {
-                self.rx_coalesce.frame(pair);
-                self.stall.room()
-            }
-            Err(RxError::NoBuffers) => self.stall.full(),
-            Err(_) => {}
-        }
-        r.map(|_| ())
+        Ok(())
     }
 
     /// Publishes the used entries of every frame written into the guest's RX queues
@@ -711,9 +752,55 @@ impl Destination for Port {
         r
     }
 
+    fn send_run(
+        &self,
+        queue: usize,
+        frames: &[RunFrame<'_>],
+        each: &mut dyn FnMut(usize, Result<(), DropReason>),
+    ) {
+        let pair = queue % self.rx.len();
+        if self.rx_limited.load(Ordering::Acquire) || self.pacer.busy(pair) {
+            // Paced: frame by frame, through the pacer.
+            return send_each(self, queue, frames, each);
+        }
+        if self.stall.stalled() {
+            for i in 0..frames.len() {
+                each(i, Err(DropReason::RxQueueStalled));
+            }
+            return;
+        }
+        let mut one_copy = 0;
+        self.receive_all(pair, frames.iter().map(run_source), &mut |i, r| {
+            let r = match r {
+                Ok(()) => {
+                    one_copy += u64::from(frames[i].tail.is_some());
+                    Ok(())
+                }
+                Err(RxError::NoBuffers) if self.stall.stalled() => Err(DropReason::RxQueueStalled),
+                Err(e) => Err(e.into()),
+            };
+            each(i, r)
+        });
+        if one_copy > 0 {
+            self.stats
+                .rx_one_copy
+                .fetch_add(one_copy, Ordering::Relaxed);
+        }
+    }
+
     fn stats(&self) -> &Counters {
         &self.stats
     }
+}
+
+/// A frame of a run as the RX ring writes it.
+fn run_source<'s>(f: &'s RunFrame<'s>) -> (&'s VirtioNetHdr, Source<'s>) {
+    let head = std::slice::from_ref(&f.head);
+    let src = match &f.tail {
+        Some(tail) => Source::Guest { head, tail },
+        None => Source::Own(head),
+    };
+    (&f.hdr, src)
 }
 
 impl SwitchPort for Port {

@@ -12,6 +12,7 @@ use virtio_queue::QueueT;
 use super::completion::TxCompletion;
 use super::port::{Port, Vring};
 use crate::backend::switch::deliver::{DeliverCtx, SegmentCharge};
+use crate::backend::switch::run::{Run, RunFrame, Stable};
 use crate::backend::switch::{Endpoint, Switch};
 use crate::features::Caps;
 use crate::frame::validate::{tx_frame, tx_frame_tail};
@@ -46,6 +47,8 @@ pub struct TxWorker {
     one_copy_pause: u32,
     pub timer: Option<OneShotTimer>,
     pub completion: TxCompletion,
+    /// The allocation of the batch's runs, kept from batch to batch.
+    run_spare: Vec<RunFrame<'static>>,
 }
 
 /// Frames of this many bytes or more go guest to guest with one copy: below it, a
@@ -64,6 +67,7 @@ impl Default for TxWorker {
             one_copy_pause: 0,
             timer: None,
             completion: TxCompletion::default(),
+            run_spare: Vec::new(),
         }
     }
 }
@@ -344,19 +348,46 @@ impl Sender<'_> {
             Err(reason) => self.port.stats.drop(reason),
         }
     }
+
+    /// `forward`, for a frame whose bytes (`bytes`) stay in the batch's arena and
+    /// the guest's buffers until the batch ends: it may join the batch's `run`.
+    fn forward_in_run<'a>(
+        &self,
+        checked: Result<Frame, DropReason>,
+        bytes: Stable<'a>,
+        ctx: &mut DeliverCtx,
+        run: &mut Run<'a>,
+    ) {
+        match checked {
+            Ok(frame) => {
+                self.port.tx_charge(frame.wire_len());
+                let src = Endpoint::Port(self.port.id);
+                self.switch
+                    .forward_in_run(src, self.pair, &frame, bytes, ctx, run)
+            }
+            Err(reason) => self.port.stats.drop(reason),
+        }
+    }
 }
 
 /// Checks each frame of the batch taken against what the guest negotiated and hands
-/// it to the switch.
+/// it to the switch. Frames for the same guest queue go there in runs.
 fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
     let port = s.port;
-    let TxWorker { batch, ctx, .. } = w;
+    let TxWorker {
+        batch,
+        ctx,
+        run_spare,
+        ..
+    } = w;
     let TxBatch {
         arena,
         frames,
         pieces,
         ..
     } = batch;
+    let mut run = Run::new(std::mem::take(run_spare));
+    let (mut sent, mut bytes, mut largest) = (0u64, 0u64, 0u64);
     for read in frames.drain(..) {
         let f = match read {
             Ok(f) => f,
@@ -366,10 +397,15 @@ fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
                 continue;
             }
         };
-        port.stats.tx(f.frame_len());
-        let head = [&arena[f.start..f.start + f.len]];
+        let len = f.frame_len() as u64;
+        (sent, bytes, largest) = (sent + 1, bytes + len, largest.max(len));
+        let stable = Stable {
+            head: &arena[f.start..f.start + f.len],
+            tail: None,
+        };
+        let head = [stable.head];
         if f.tail_len == 0 {
-            s.forward(tx_frame(s.tx_caps, f.hdr, &head), ctx);
+            s.forward_in_run(tx_frame(s.tx_caps, f.hdr, &head), stable, ctx, &mut run);
             continue;
         }
         let tail = GuestTail {
@@ -378,11 +414,23 @@ fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
             len: f.tail_len,
         };
         match tx_frame_tail(s.tx_caps, f.hdr, &head, tail) {
-            Ok(frame) => s.forward(Ok(frame), ctx),
+            Ok(frame) => {
+                let stable = Stable {
+                    tail: Some(tail),
+                    ..stable
+                };
+                s.forward_in_run(Ok(frame), stable, ctx, &mut run)
+            }
             // Headers past the head, or a bad frame: judged again whole.
-            Err(_) => send_whole(s, f.hdr, &head, tail, ctx),
+            Err(_) => {
+                run.flush(ctx);
+                send_whole(s, f.hdr, &head, tail, ctx)
+            }
         }
     }
+    run.flush(ctx);
+    *run_spare = run.into_spare();
+    port.stats.tx_many(sent, bytes, largest);
 }
 
 /// A one-copy frame whose head did not pass alone: copied whole and checked as any
