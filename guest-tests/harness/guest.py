@@ -100,13 +100,15 @@ class Guest:
         sent and WaitTimeout raised. check=True raises HarnessError on rc != 0.
 
         Whatever runs on after the command goes in a subshell (`(cmd &)`) or its own
-        session (`setsid`), never as a job of the console's shell (`cmd &`): busybox
-        ash reading a command's second line when a job of its own ends takes the
-        line as ended ("syntax error: unexpected end of file (expecting "}")"), and
-        on the 6.1 guest the shell then exits. A job ending 0.2 s after it started,
-        with `true` sent meanwhile, lost the shell in 10 of 30 rounds on either
-        kernel, in a subshell in none; it is what killed the 6.1 guest in
-        test_uso_properties_and_udp_segment while udp_recv was such a job.
+        session (`setsid`), never as a job of the console's shell (`cmd &`). When
+        such a job ends, busybox ash waiting for input exits (init starts another
+        shell, and a command sent meanwhile is lost), and ash reading a command's
+        second line takes the line as ended ("syntax error: unexpected end of file
+        (expecting "}")"). A job ending 0.2 s after it started made the shell exit
+        in 20 of 20 rounds with nothing sent, and cut a command in 10 of 30 with
+        `true` sent meanwhile, on the 6.1 and the 6.12 guest alike; in a subshell,
+        in none. udp_recv as such a job is what killed the 6.1 guest's shell in
+        test_uso_properties_and_udp_segment.
         """
         assert self.console
         tag = uuid.uuid4().hex[:12]
