@@ -52,8 +52,9 @@ unit:
 	$(UNIT_RUNNER) $(CARGO) test --release
 
 # The USO test runs on the 6.1 guest too: its shell died there (twice out of two,
-# 2026-11-23) while udp_recv ran as a job of the console's shell, whose end cut the
-# harness's next command in two (harness/guest.py, Guest.run); 45 s.
+# 2026-11-23) while udp_recv ran as a job of the console's shell, whose end makes the
+# shell exit or cuts the harness's next command in two (harness/guest.py, Guest.run);
+# 45-60 s.
 GUEST_TESTS_6_1_QUICK ?= guest-tests/test_offload_matrix.py::test_uso_properties_and_udp_segment
 
 guest-tests: build
