@@ -134,8 +134,9 @@ def _migrate(tmp: Path, record_measurement, device_props: dict | None, tag: str)
         # 16 MiB over about 20 s: written in the guest before, during and after.
         payload = os.urandom(16 * MIB)
         srv = OneShotServer(host_ip, payload, gap=0.08)
-        src.run_ok(f"rm -f /tmp/mig.bin /tmp/mig.done; setsid sh -c 'nc {host_ip} {srv.port} "
-                   f"</dev/null > /tmp/mig.bin; touch /tmp/mig.done' >/dev/null 2>&1 &")
+        # In a subshell, not as a job of the console's shell (Guest.run).
+        src.run_ok(f"rm -f /tmp/mig.bin /tmp/mig.done; (setsid sh -c 'nc {host_ip} {srv.port} "
+                   f"</dev/null > /tmp/mig.bin; touch /tmp/mig.done' >/dev/null 2>&1 &)")
         time.sleep(3)
         capture = Capture(tap, mac)
         before = gs.stats()
