@@ -719,8 +719,7 @@ impl Switch {
         ctx: &mut DeliverCtx,
         run: &mut Run<'a>,
     ) {
-        let retagged = !matches!(self.topo.load().attach(src), Attach::Untagged);
-        if frame.guest.is_some() && retagged {
+        if frame.guest.is_some() && !matches!(self.topo.load().attach(src), Attach::Untagged) {
             run.flush(ctx);
             return self.forward(src, queue, frame, ctx);
         }
