@@ -108,12 +108,16 @@ class Guest:
         in 20 of 20 rounds with nothing sent, and cut a command in 10 of 30 with
         `true` sent meanwhile, on the 6.1 and the 6.12 guest alike; in a subshell,
         in none. udp_recv as such a job is what killed the 6.1 guest's shell in
-        test_uso_properties_and_udp_segment.
+        test_uso_properties_and_udp_segment. A command that leaves such a job
+        raises HarnessError.
         """
         assert self.console
         tag = uuid.uuid4().hex[:12]
-        # Quotes split the markers so an echoed command line never matches.
-        line = f"echo '@@S''{tag}'; {{ {cmd}\n}} </dev/null 2>&1; echo '@@E''{tag}':$?\n"
+        # Quotes split the markers so an echoed command line never matches. The
+        # shell's jobs are listed after the command (ash's `jobs` in a command
+        # substitution lists the shell's own): any means a job was left.
+        line = (f"echo '@@S''{tag}'; {{ {cmd}\n}} </dev/null 2>&1; set -- $? $(jobs -p); "
+                f"[ $# -gt 1 ] && echo '@@J''{tag}'; echo '@@E''{tag}':$1\n")
         start = len(self.console.text())
         self._send(line)
         m_start = self._wait_for(rf"@@S{tag}\n", start, timeout)
@@ -129,6 +133,9 @@ class Guest:
                 f"partial output:\n{self.console.text()[m_start.end():][-2000:]}")
         out = self.console.text()[m_start.end() : m_end.start()]
         rc = int(m_end.group(1))
+        if f"@@J{tag}\n" in out:
+            raise HarnessError(f"{self.name}: `{cmd}` left a job of the console's shell; "
+                               "start it in a subshell, `(cmd &)` (see Guest.run)")
         if check and rc != 0:
             raise HarnessError(f"{self.name}: `{cmd}` failed rc={rc}:\n{out}")
         return rc, out
