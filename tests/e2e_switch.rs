@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::daemon::{port_counter, Daemon, DaemonSpec};
+use common::daemon::{drop_count, port_counter, Daemon, DaemonSpec};
 use common::frames::{self, Flow, Ips, UdpGso, MSS4, MSS6};
 use common::frontend::{feat, FrontendOpts, RxFrame, TestFrontend, TxLayout};
 use common::rx::{recv_all_where, recv_where};
@@ -126,6 +126,67 @@ fn learning_flooding_and_broadcast() {
     assert!(a.recv(QUIET).is_none(), "a frame came back to A");
     assert!(c.recv(QUIET).is_none(), "C got a frame for A or B");
     assert!(b.recv(QUIET).is_none(), "B got an extra frame");
+}
+
+/// A guest whose queue stayed full long enough to count as stalled, and that then
+/// adds buffers without a kick (it looked at gsonet's wish for one before gsonet made
+/// it), gets frames again: its ring is still looked at, one load a frame, not given
+/// up until a kick that may never come.
+#[test]
+fn a_stalled_guest_that_refills_without_a_kick_gets_frames_again() {
+    let d = Daemon::start(&DaemonSpec::ports(2)).expect("start gsonet");
+    let mut a = connect(&d, 0, FEATS_A);
+    let opts = FrontendOpts {
+        features: FEATS_B,
+        require_features: true,
+        mem_size: 128 << 20,
+        ..Default::default()
+    };
+    let mut b = TestFrontend::connect(&d.sockets[1], opts).expect("frontend B");
+    b.post_rx(1, 2048).unwrap();
+    let hb = hello(&mut b, b_mac());
+    recv_where(&mut a, T, |f| f.frame == hb).expect("B's hello at A");
+    let udp = |sport: u16| {
+        let flow = Flow::new(a_mac(), b_mac(), Ips::v4()).ports(sport, 9);
+        frames::udp(&flow, b"to b", UdpGso::None)
+    };
+    // The first frame takes B's one buffer; the next ones find its queue full until
+    // it counts as stalled (RX_STALL, 200 ms).
+    let (h, first) = udp(1000);
+    a.send(&h, &first, TxLayout::Single).unwrap();
+    let mut sport = 1001;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stalled = || drop_count(&d.stats().unwrap()["ports"][1]["stats"], "rx_queue_stalled");
+    while stalled() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "B never counted as stalled\n{:#}",
+            d.stats().unwrap()
+        );
+        let (h, f) = udp(sport);
+        a.send(&h, &f, TxLayout::Single).unwrap();
+        sport += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        recv_where(&mut b, T, |_| true)
+            .expect("the first frame")
+            .frame,
+        first
+    );
+    b.post_rx_unkicked(4, 2048).unwrap();
+    let later: Vec<Vec<u8>> = (0..4)
+        .map(|i| {
+            let (h, f) = udp(5000 + i);
+            a.send(&h, &f, TxLayout::Single).unwrap();
+            f
+        })
+        .collect();
+    for f in &later {
+        let got = recv_where(&mut b, T, |_| true)
+            .unwrap_or_else(|| panic!("B got nothing after it refilled\n{:#}", d.stats().unwrap()));
+        assert_eq!(&got.frame, f);
+    }
 }
 
 /// Every kick wakes a TX worker and is counted, and every frame delivered to a guest

@@ -1207,6 +1207,19 @@ impl TestFrontend {
     /// Post `count` RX chains, each made of writable descriptors of the given sizes
     /// (e.g. `[12, 4096, 4096, ...]` like Linux's "big packets" mode), and kick once.
     pub fn post_rx_chains(&mut self, count: usize, sizes: &[u32]) -> Result<()> {
+        self.publish_rx_chains(count, sizes)?;
+        self.notify(RX_QUEUE)
+    }
+
+    /// Post `count` RX buffers of `buf_size` bytes and move the avail index, without
+    /// a kick: a driver that looked at the device's wish for one before the device
+    /// moved it.
+    pub fn post_rx_unkicked(&mut self, count: usize, buf_size: u32) -> Result<()> {
+        self.publish_rx_chains(count, &[buf_size])
+    }
+
+    /// `post_rx_chains` without the kick.
+    fn publish_rx_chains(&mut self, count: usize, sizes: &[u32]) -> Result<()> {
         ensure!(!sizes.is_empty(), "empty RX chain");
         for _ in 0..count {
             ensure!(
@@ -1229,7 +1242,7 @@ impl TestFrontend {
             }
             self.publish_chain(RX_QUEUE, &descs, allocs, ChainKind::Rx(bufs))?;
         }
-        self.notify(RX_QUEUE)
+        Ok(())
     }
 
     /// Wait up to `timeout` for a frame; panics on device protocol violations

@@ -518,8 +518,7 @@ impl Port {
             indirect: neg.indirect_desc,
         };
         let hm = HostMem::new(mem);
-        let q = state.get_queue_mut();
-        let mut ring = SplitRing::of(q);
+        let mut ring = SplitRing::of(state.get_queue());
         ring.avail_seen = avail_seen
             .filter(|(ring_at, _)| *ring_at == ring.avail)
             .map(|(_, seen)| seen);
@@ -535,7 +534,18 @@ impl Port {
         let mut written = 0;
         let mut full = false;
         for (i, (hdr, src)) in frames.by_ref() {
-            let r = rx::write_frame_in(&mut ring, &hm, scratch, hdr, fmt, src, false);
+            let mut r = rx::write_frame_in(&mut ring, &hm, scratch, hdr, fmt, src, false);
+            if r == Err(RxError::NoBuffers) {
+                // Ask the guest to kick when it adds buffers (avail_event = next_avail,
+                // or VRING_USED_F_NO_NOTIFY cleared). Buffers it added since the
+                // ring was last read may have been added after it looked at that
+                // wish, with no kick to come: they are taken now, or the queue would
+                // count as full, then stalled, while it has room.
+                ring.store(state.get_queue_mut());
+                if let Ok(true) = state.enable_notification() {
+                    r = rx::write_frame_in(&mut ring, &hm, scratch, hdr, fmt, src, false);
+                }
+            }
             match r {
                 Ok(_) => written += 1,
                 Err(RxError::NoBuffers) => full = true,
@@ -546,7 +556,7 @@ impl Port {
                 break;
             }
         }
-        ring.store(q);
+        ring.store(state.get_queue_mut());
         *avail_seen = ring.avail_seen.map(|seen| (ring.avail, seen));
         *unpublished |= written > 0;
         if written > 0 {
@@ -554,9 +564,6 @@ impl Port {
             self.stall.room();
         }
         if full {
-            // Ask the guest to kick when it adds buffers (avail_event = next_avail, or
-            // VRING_USED_F_NO_NOTIFY cleared).
-            let _ = state.enable_notification();
             self.stall.full();
             return Err(RxError::NoBuffers);
         }
@@ -621,10 +628,9 @@ impl Port {
         hdr: &VirtioNetHdr,
         src: Source<'_>,
     ) -> Result<(), DropReason> {
-        // A guest that has not read its queue for a while costs O(1) until it kicks.
-        if self.stall.stalled() {
-            return Err(DropReason::RxQueueStalled);
-        }
+        // A guest that has not read its queue for a while still has its ring looked
+        // at (one lock, one load of its avail index when it shows nothing left): a
+        // guest that adds buffers without a kick gets frames again.
         match self.receive_from(queue, hdr, src) {
             Ok(()) => Ok(()),
             // Not worth waiting for: the guest has not read its queue for a while.
@@ -762,12 +768,6 @@ impl Destination for Port {
         if self.rx_limited.load(Ordering::Acquire) || self.pacer.busy(pair) {
             // Paced: frame by frame, through the pacer.
             return send_each(self, queue, frames, each);
-        }
-        if self.stall.stalled() {
-            for i in 0..frames.len() {
-                each(i, Err(DropReason::RxQueueStalled));
-            }
-            return;
         }
         let mut one_copy = 0;
         self.receive_all(pair, frames.iter().map(run_source), &mut |i, r| {
