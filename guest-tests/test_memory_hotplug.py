@@ -87,6 +87,11 @@ def _booted(tmp_path: Path, tag: str, ports: int = 1, extra: list[str] | None = 
         g.start()
         g.wait_booted()
         gs.wait_port(0)
+        # The host and the guest know each other's address before anything is
+        # measured: a host that asks for the guest's while the guest's link is coming
+        # up gives up after three tries ("No route to host").
+        rc, out = g.run(f"ping -c 3 -W 5 {host_ip}", timeout=60)
+        assert rc == 0, f"the guest cannot reach the host: {out}"
         q = Qmp(g.qmp_path)
         p = gs.port_stats(0)
         assert p["mem_regions"] >= 1, "no memory mapped"
