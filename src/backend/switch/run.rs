@@ -141,6 +141,26 @@ mod tests {
         Mac([2, 0, 0, 0, 0, n])
     }
 
+    /// A switch of `n` recording ports where port 1's address is learnt, so frames
+    /// from port 0 to it are known unicast; nothing recorded yet.
+    fn learnt(n: usize) -> (Switch, Vec<Arc<Recorder>>) {
+        let ports: Vec<Arc<Recorder>> = (0..n).map(|_| Arc::new(Recorder::default())).collect();
+        let sw = Switch::new(
+            ports
+                .iter()
+                .map(|p| p.clone() as Arc<dyn SwitchPort>)
+                .collect(),
+            Vec::<Arc<dyn SwitchUplink>>::new(),
+            Duration::from_secs(60),
+        );
+        let hello = ethernet(Mac::BROADCAST.0, mac(1).0, &[], 0x0800, &pattern(60));
+        let hello_parts = [&hello[..]];
+        let f = Frame::new(VirtioNetHdr::default(), &hello_parts, None).unwrap();
+        sw.forward(Endpoint::Port(1), 0, &f, &mut DeliverCtx::default());
+        ports.iter().for_each(|p| drop(p.take()));
+        (sw, ports)
+    }
+
     /// Sends `bytes` from port `src` through `run`.
     fn send_in_run<'a>(
         sw: &Switch,
@@ -160,21 +180,7 @@ mod tests {
 
     #[test]
     fn a_run_goes_before_any_other_delivery_of_its_sender_so_nothing_overtakes() {
-        let ports: Vec<Arc<Recorder>> = (0..3).map(|_| Arc::new(Recorder::default())).collect();
-        let sw = Switch::new(
-            ports
-                .iter()
-                .map(|p| p.clone() as Arc<dyn SwitchPort>)
-                .collect(),
-            Vec::<Arc<dyn SwitchUplink>>::new(),
-            Duration::from_secs(60),
-        );
-        // Port 1 is learnt, so frames from port 0 to it are known unicast.
-        let hello = ethernet(Mac::BROADCAST.0, mac(1).0, &[], 0x0800, &pattern(60));
-        let hello_parts = [&hello[..]];
-        let f = Frame::new(VirtioNetHdr::default(), &hello_parts, None).unwrap();
-        sw.forward(Endpoint::Port(1), 0, &f, &mut DeliverCtx::default());
-        ports.iter().for_each(|p| drop(p.take()));
+        let (sw, ports) = learnt(3);
 
         let first = ethernet(mac(1).0, mac(0).0, &[], 0x0800, &pattern(61));
         let flood = ethernet(Mac::BROADCAST.0, mac(0).0, &[], 0x0800, &pattern(62));
@@ -201,20 +207,7 @@ mod tests {
 
     #[test]
     fn a_run_goes_at_its_bound_and_counts_every_frame_once() {
-        let ports: Vec<Arc<Recorder>> = (0..2).map(|_| Arc::new(Recorder::default())).collect();
-        let sw = Switch::new(
-            ports
-                .iter()
-                .map(|p| p.clone() as Arc<dyn SwitchPort>)
-                .collect(),
-            Vec::<Arc<dyn SwitchUplink>>::new(),
-            Duration::from_secs(60),
-        );
-        let hello = ethernet(Mac::BROADCAST.0, mac(1).0, &[], 0x0800, &pattern(60));
-        let hello_parts = [&hello[..]];
-        let f = Frame::new(VirtioNetHdr::default(), &hello_parts, None).unwrap();
-        sw.forward(Endpoint::Port(1), 0, &f, &mut DeliverCtx::default());
-        drop(ports[1].take());
+        let (sw, ports) = learnt(2);
         let frames: Vec<Vec<u8>> = (0..RUN_FRAMES + 3)
             .map(|i| ethernet(mac(1).0, mac(0).0, &[], 0x0800, &pattern(60 + i)))
             .collect();
