@@ -631,12 +631,23 @@ impl Port {
         // A guest that has not read its queue for a while still has its ring looked
         // at (one lock, one load of its avail index when it shows nothing left): a
         // guest that adds buffers without a kick gets frames again.
-        match self.receive_from(queue, hdr, src) {
-            Ok(()) => Ok(()),
-            // Not worth waiting for: the guest has not read its queue for a while.
-            Err(RxError::NoBuffers) if self.stall.stalled() => Err(DropReason::RxQueueStalled),
-            Err(e) => Err(e.into()),
+        self.receive_from(queue, hdr, src)
+            .map_err(|e| self.rx_drop(e))
+    }
+
+    /// Why a frame the RX queue refused is dropped: a full queue the guest has not
+    /// read for a while is not worth waiting for (`rx_queue_stalled`).
+    fn rx_drop(&self, e: RxError) -> DropReason {
+        match e {
+            RxError::NoBuffers if self.stall.stalled() => DropReason::RxQueueStalled,
+            e => e.into(),
         }
+    }
+
+    /// Frames for RX queue `pair` go through the pacer: `rx_rate=` is set, or frames
+    /// wait in it already (none may pass them).
+    fn paced(&self, pair: usize) -> bool {
+        self.rx_limited.load(Ordering::Acquire) || self.pacer.busy(pair)
     }
 
     /// The RX coalescing timer of queue `pair` fired (in the port's own worker):
@@ -723,7 +734,7 @@ impl Destination for Port {
 
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
         let pair = queue % self.rx.len();
-        if !self.rx_limited.load(Ordering::Acquire) && !self.pacer.busy(pair) {
+        if !self.paced(pair) {
             // No rate and nothing waiting: no clock, no pacer lock.
             return self.write_now(pair, hdr, Source::Own(parts));
         }
@@ -739,7 +750,7 @@ impl Destination for Port {
 
     fn takes_guest_bytes(&self, queue: usize) -> bool {
         // A paced frame waits in gsonet's memory: it is made whole first.
-        !self.rx_limited.load(Ordering::Acquire) && !self.pacer.busy(queue % self.rx.len())
+        !self.paced(queue % self.rx.len())
     }
 
     fn send_guest(
@@ -765,21 +776,16 @@ impl Destination for Port {
         each: &mut dyn FnMut(usize, Result<(), DropReason>),
     ) {
         let pair = queue % self.rx.len();
-        if self.rx_limited.load(Ordering::Acquire) || self.pacer.busy(pair) {
+        if self.paced(pair) {
             // Paced: frame by frame, through the pacer.
             return send_each(self, queue, frames, each);
         }
         let mut one_copy = 0;
         self.receive_all(pair, frames.iter().map(run_source), &mut |i, r| {
-            let r = match r {
-                Ok(()) => {
-                    one_copy += u64::from(frames[i].tail.is_some());
-                    Ok(())
-                }
-                Err(RxError::NoBuffers) if self.stall.stalled() => Err(DropReason::RxQueueStalled),
-                Err(e) => Err(e.into()),
-            };
-            each(i, r)
+            if r.is_ok() {
+                one_copy += u64::from(frames[i].tail.is_some());
+            }
+            each(i, r.map_err(|e| self.rx_drop(e)))
         });
         if one_copy > 0 {
             self.stats
