@@ -28,6 +28,12 @@ use crate::sys::xen::granted::CopyBuf;
 
 /// Packets copied per grant-copy ioctl.
 const BATCH: usize = 64;
+/// Packets, and bytes of them, forwarded before the worker flushes (tap writes, what
+/// they staged for other ports, the tap's answers) while its ring keeps refilling;
+/// it flushes too whenever the ring is found empty. Small packets (a stream's ACKs)
+/// then share the flush's system calls; a few large ones already pay for theirs.
+const FLUSH_PACKETS: usize = BATCH;
+const FLUSH_BYTES: usize = 256 << 10;
 /// Padding a packet may need: up to a page before each of its slots.
 const PAD_MAX: usize = (netif::NR_SLOTS_MIN + 1) * netif::PAGE;
 /// Bytes of the private TX buffer: a batch of 64 KiB packets and their padding.
@@ -89,6 +95,11 @@ struct Worker {
     rsp_prod: u32,
     broken: bool,
     buf: CopyBuf,
+    /// Bytes of `buf` holding packets forwarded since the last flush (stable until
+    /// then: destinations may keep their address), and how many packets.
+    used: usize,
+    unflushed: usize,
+    unflushed_bytes: usize,
     /// The batch's slots' ids and its packets' fragments (`netif::parse_tx`).
     ids: Vec<Option<u16>>,
     frags: Vec<netif::Fragment>,
@@ -110,6 +121,9 @@ pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, q: usize, switch: Arc<Switch>) {
         rsp_prod: 0,
         broken: false,
         buf: copy_buffer(BUF, "vif TX buffer"),
+        used: 0,
+        unflushed: 0,
+        unflushed_bytes: 0,
         // A batch's worth, so the datapath allocates nothing after its first batches.
         ids: Vec::with_capacity(TX_RING_SIZE as usize),
         frags: Vec::with_capacity(BATCH * netif::NR_SLOTS_MIN),
@@ -168,7 +182,13 @@ pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, q: usize, switch: Arc<Switch>) {
         // lost or withheld event never strands a packet for long; `tx_polls`
         // counts the packets found without an event.
         let before = w.req_cons;
-        w.drain();
+        {
+            // The packets' bytes stay as they are until the flush: a vif they go
+            // to keeps their address instead of a copy, a tap write waits for it.
+            let _stable = stable::declare(w.buf.as_ptr_range());
+            w.drain();
+            w.flush();
+        }
         if n == 0 && w.req_cons != before {
             w.port.stats.tx_polls.fetch_add(1, Ordering::Relaxed);
             w.port
@@ -176,7 +196,6 @@ pub fn run(port: Arc<VifPort>, conn: Arc<Conn>, q: usize, switch: Arc<Switch>) {
                 .tx_polls
                 .fetch_add(1, Ordering::Relaxed);
         }
-        w.ctx.flush();
         let reaped = w.ctx.pending.last_reaped.take();
         if let (None, Some((up, q))) = (&served, reaped) {
             if up.own(q) {
@@ -211,7 +230,21 @@ impl Worker {
         })
     }
 
-    /// Handles TX slots until the ring is empty and the netfront is told to kick.
+    /// The end of a run of batches: the switch's flush (tap writes, frames staged for
+    /// other ports, the tap's answers reaped), after which the buffer is free again.
+    fn flush(&mut self) {
+        self.ctx.flush();
+        self.used = 0;
+        self.unflushed = 0;
+        self.unflushed_bytes = 0;
+    }
+
+    /// Handles TX slots until the ring is empty and the netfront is told to kick,
+    /// flushing after FLUSH_PACKETS packets or FLUSH_BYTES bytes (the caller flushes
+    /// after): a netfront that refills its ring a packet or two at a time has each
+    /// batch copied and answered as it comes, and the system calls that end a batch
+    /// (tap writes, the tap's answers, the grant copy and event of what goes back)
+    /// paid once for many.
     fn drain(&mut self) {
         let conn = self.conn.clone();
         let ring = &conn.queues[self.q].tx_ring;
@@ -222,14 +255,23 @@ impl Worker {
                 self.ring_broken();
                 return;
             }
-            if avail == 0 || !self.batch_once(avail) {
-                // Nothing (more) to do now: ask for an event at the next request,
-                // then look once more (RING_FINAL_CHECK_FOR_REQUESTS).
-                ring.store(netif::REQ_EVENT, self.req_cons.wrapping_add(1));
-                ring.full_fence();
-                if ring.load(netif::REQ_PROD) == self.req_cons || self.broken {
-                    return;
-                }
+            if self.unflushed >= FLUSH_PACKETS
+                || self.unflushed_bytes >= FLUSH_BYTES
+                || self.used + PAD_MAX + usize::from(u16::MAX) > self.buf.len()
+            {
+                self.flush();
+            }
+            if avail > 0 && self.batch_once(avail) {
+                continue;
+            }
+            // Nothing (more) whole: ask for an event at the next request after those
+            // there, then look once more (RING_FINAL_CHECK_FOR_REQUESTS). The first
+            // slots of a packet whose rest is not there yet wait for that event (or
+            // the 200 ms look), not in a loop.
+            ring.store(netif::REQ_EVENT, prod.wrapping_add(1));
+            ring.full_fence();
+            if ring.load(netif::REQ_PROD) == prod || self.broken {
+                return;
             }
         }
     }
@@ -247,7 +289,7 @@ impl Worker {
         self.ops.clear();
         self.runs.clear();
         self.batch.clear();
-        let mut used = 0usize;
+        let mut used = self.used;
         while avail > 0 && self.batch.len() < BATCH {
             let (ids0, frags0) = (self.ids.len(), self.frags.len());
             let ring = &self.conn.queues[self.q].tx_ring;
@@ -296,6 +338,9 @@ impl Worker {
         if self.batch.is_empty() {
             return false;
         }
+        self.unflushed_bytes += used - self.used;
+        self.used = used;
+        self.unflushed += self.batch.len();
         let copied = self.conn.queues[self.q]
             .gnt
             .copy_in(&mut self.buf, &self.ops, &mut self.status)
@@ -323,10 +368,9 @@ impl Worker {
                 self.rsp_prod = self.rsp_prod.wrapping_add(1);
             }
         }
+        // Told now, not at the flush: the netfront frees a packet's buffers (and its
+        // socket may send more) when told of its response.
         self.push_responses();
-        // The batch's bytes stay as they are until the flush below: a vif they go to
-        // keeps their address instead of a copy.
-        let _stable = stable::declare(self.buf.as_ptr_range());
         let caps = self.port.tx_caps();
         // A packet's runs: at most one per data slot.
         let mut parts: [&[u8]; netif::NR_SLOTS_MIN] = [&[]; netif::NR_SLOTS_MIN];
@@ -363,8 +407,6 @@ impl Worker {
                 Err(r) => stats.drop(r),
             }
         }
-        // What this batch staged for other ports leaves now, not when the ring is empty.
-        self.ctx.flush();
         true
     }
 
