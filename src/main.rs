@@ -367,6 +367,12 @@ fn print_counters(s: &Snapshot) {
             s.rx_held, s.rx_pauses
         );
     }
+    if s.tx_held > 0 || s.tx_pauses > 0 {
+        println!(
+            "  backpressure: {} TX frames held for full guests, TX queue left {} times",
+            s.tx_held, s.tx_pauses
+        );
+    }
     if s.tx_holds > 0 {
         println!(
             "  rate: TX queue held {} times, {} us in all",

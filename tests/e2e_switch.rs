@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::daemon::{drop_count, port_counter, Daemon, DaemonSpec};
 use common::frames::{self, Flow, Ips, UdpGso, MSS4, MSS6};
-use common::frontend::{feat, FrontendOpts, RxFrame, TestFrontend, TxLayout};
+use common::frontend::{self, feat, FrontendOpts, RxFrame, TestFrontend, TxLayout};
 use common::rx::{recv_all_where, recv_where};
 use gsonet::vnet_hdr::GsoKind;
 
@@ -187,6 +187,158 @@ fn a_stalled_guest_that_refills_without_a_kick_gets_frames_again() {
             .unwrap_or_else(|| panic!("B got nothing after it refilled\n{:#}", d.stats().unwrap()));
         assert_eq!(&got.frame, f);
     }
+}
+
+/// Frames for a guest whose RX queue is full wait in their sender's TX worker
+/// (`tx_held`) instead of being dropped (`rx_queue_full`), and arrive in order as
+/// the guest reads and gives its buffers back, four at a time here.
+#[test]
+fn frames_for_a_full_guest_are_held_and_arrive_in_order_as_it_reads() {
+    let d = Daemon::start(&DaemonSpec::ports(2)).expect("start gsonet");
+    let mut a = connect(&d, 0, FEATS_A);
+    let opts = FrontendOpts {
+        features: FEATS_B,
+        require_features: true,
+        mem_size: 128 << 20,
+        ..Default::default()
+    };
+    let mut b = TestFrontend::connect(&d.sockets[1], opts).expect("frontend B");
+    b.post_rx(4, 2048).unwrap();
+    let hb = hello(&mut b, b_mac());
+    recv_where(&mut a, T, |f| f.frame == hb).expect("B's hello at A");
+    let sent: Vec<_> = (0..48u16)
+        .map(|i| {
+            let flow = Flow::new(a_mac(), b_mac(), Ips::v4()).ports(2000 + i, 9);
+            frames::udp(&flow, &i.to_be_bytes(), UdpGso::None)
+        })
+        .collect();
+    // One batch: its first four frames fill B's queue, the rest find it full.
+    a.send_batch(&sent, TxLayout::Single).unwrap();
+    let mut got = Vec::new();
+    while got.len() < sent.len() {
+        let f = recv_where(&mut b, T, |_| true).unwrap_or_else(|| {
+            panic!(
+                "B got {} of {} frames\n{:#}",
+                got.len(),
+                sent.len(),
+                d.stats().unwrap()
+            )
+        });
+        got.push(f.frame);
+        if got.len() % 4 == 0 {
+            b.post_rx(4, 2048).unwrap();
+        }
+    }
+    let want: Vec<_> = sent.iter().map(|(_, f)| f.clone()).collect();
+    assert!(got == want, "B got the frames out of order");
+    let s = d.stats().unwrap();
+    assert_eq!(
+        drop_count(&s["ports"][1]["stats"], "rx_queue_full"),
+        0,
+        "{s:#}"
+    );
+    assert!(port_counter(&s, 0, "tx_held") >= 40, "{s:#}");
+}
+
+/// A guest that never reads costs the other guests of its sender nothing: frames for
+/// it are held only while it might read (`RX_STALL`) and then dropped and counted,
+/// and the sender's frames for another guest, in the same batches, all arrive.
+#[test]
+fn a_full_guest_that_never_reads_does_not_hold_up_its_senders_other_frames() {
+    let d = Daemon::start(&DaemonSpec::ports(3)).expect("start gsonet");
+    let mut a = connect(&d, 0, FEATS_A);
+    let opts = FrontendOpts {
+        features: FEATS_B,
+        require_features: true,
+        mem_size: 128 << 20,
+        ..Default::default()
+    };
+    let mut b = TestFrontend::connect(&d.sockets[1], opts).expect("frontend B");
+    b.post_rx(2, 2048).unwrap();
+    let mut c = connect(&d, 2, FEATS_B);
+    let c_mac = frames::mac(0xc);
+    for (fe, mac) in [(&mut b, b_mac()), (&mut c, c_mac)] {
+        let h = hello(fe, mac);
+        recv_where(&mut a, T, |f| f.frame == h).expect("hello at A");
+    }
+    let frame = |to: frames::Mac, i: u16| {
+        let flow = Flow::new(a_mac(), to, Ips::v4()).ports(3000 + i, 9);
+        frames::udp(&flow, &i.to_be_bytes(), UdpGso::None)
+    };
+    // Batches of frames for B and C in turn, for longer than B may keep its queue
+    // full; C reads all the while, B never.
+    let mut for_c = Vec::new();
+    let start = Instant::now();
+    let mut i = 0u16;
+    while start.elapsed() < Duration::from_millis(600) {
+        let batch: Vec<_> = (0..16)
+            .map(|k| frame(if k % 2 == 0 { b_mac() } else { c_mac }, i + k))
+            .collect();
+        i += 16;
+        for_c.extend(batch.iter().skip(1).step_by(2).map(|(_, f)| f.clone()));
+        a.send_batch(&batch, TxLayout::Single).unwrap();
+        a.wait_tx_done(T).expect("A's batch taken");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let got: Vec<_> = recv_all_where(&mut c, QUIET, |f| !is_hello(f))
+        .into_iter()
+        .map(|f| f.frame)
+        .collect();
+    assert!(
+        got == for_c,
+        "C got {} of {} frames, or out of order",
+        got.len(),
+        for_c.len()
+    );
+    // B's two buffers took C's hello and A's first frame for B; every other one was
+    // dropped, counted, once it had waited its time or B counted as stalled.
+    let s = d.stats().unwrap();
+    let b_stats = &s["ports"][1]["stats"];
+    let lost = drop_count(b_stats, "rx_queue_full") + drop_count(b_stats, "rx_queue_stalled");
+    assert_eq!(lost, u64::from(i) / 2 - 1, "{s:#}");
+}
+
+/// An RX queue whose buffers are too few for a frame (MRG_RXBUF) asks its guest to
+/// kick once it adds more. With EVENT_IDX the wish goes past the buffers the guest
+/// has: a wish at the first buffer not taken is behind them, and the guest would
+/// never kick again.
+#[test]
+fn a_queue_too_short_for_a_frame_asks_for_a_kick_past_its_buffers() {
+    let d = Daemon::start(&DaemonSpec::ports(2)).expect("start gsonet");
+    let mut a = connect(&d, 0, FEATS_A);
+    let opts = FrontendOpts {
+        features: FEATS_B,
+        require_features: true,
+        mem_size: 128 << 20,
+        ..Default::default()
+    };
+    let mut b = TestFrontend::connect(&d.sockets[1], opts).expect("frontend B");
+    assert!(b.has(feat::MRG_RXBUF) && b.has(feat::EVENT_IDX));
+    b.post_rx(4, 1024).unwrap();
+    let hb = hello(&mut b, b_mac());
+    recv_where(&mut a, T, |f| f.frame == hb).expect("B's hello at A");
+    // 6000 bytes: six of B's 1024-byte buffers, where it has four.
+    let flow = Flow::new(a_mac(), b_mac(), Ips::v4()).ports(4000, 9);
+    let (h, big) = frames::udp(&flow, &[7u8; 5958], UdpGso::None);
+    assert_eq!(big.len(), 6000);
+    a.send(&h, &big, TxLayout::Single).unwrap();
+    let deadline = Instant::now() + T;
+    while d.port_counter(0, "tx_held").unwrap() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the frame never found B's queue short"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let kicks = b.stats(frontend::RX_QUEUE).kicks;
+    b.post_rx(4, 1024).unwrap();
+    assert_eq!(
+        b.stats(frontend::RX_QUEUE).kicks,
+        kicks + 1,
+        "B's next buffers did not kick"
+    );
+    let got = recv_where(&mut b, T, |_| true).expect("the frame at B");
+    assert!(got.frame == big && got.buffers == 6);
 }
 
 /// Every kick wakes a TX worker and is counted, and every frame delivered to a guest

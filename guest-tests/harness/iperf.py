@@ -57,6 +57,13 @@ def iperf3_guest_client(guest: Guest, server_ip: str, seconds: float = 3,
                         reverse: bool = False, port: int = 5201, extra: str = "") -> float:
     """iperf3 client in a guest (server on the host or in another guest).
     reverse=False: the guest sends."""
+    return _gbps(iperf3_guest_client_json(guest, server_ip, seconds, reverse, port, extra))
+
+
+def iperf3_guest_client_json(guest: Guest, server_ip: str, seconds: float = 3,
+                             reverse: bool = False, port: int = 5201, extra: str = "") -> dict:
+    """`iperf3_guest_client`'s whole result (``end.sum_sent.retransmits``: the
+    sender's TCP retransmits)."""
     r = "-R" if reverse else ""
     rc, out = guest.run(f"iperf3 -c {server_ip} -p {port} -t {seconds} -J {r} {extra}",
                         timeout=seconds * 4 + 60)
@@ -66,7 +73,7 @@ def iperf3_guest_client(guest: Guest, server_ip: str, seconds: float = 3,
         raise HarnessError(f"iperf3 in {guest.name} rc={rc}: {out[-1000:]}")
     if "error" in result:
         raise HarnessError(f"iperf3 in {guest.name}: {result['error']}")
-    return _gbps(result)
+    return result
 
 
 class HostIperfServer:

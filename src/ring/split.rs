@@ -19,6 +19,7 @@ use std::sync::atomic::Ordering;
 
 use virtio_bindings::virtio_ring::{
     VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+    VRING_USED_F_NO_NOTIFY,
 };
 use virtio_queue::QueueT;
 
@@ -270,6 +271,32 @@ impl SplitRing {
     pub fn publish_used(&self, hm: &HostMem<'_>) -> bool {
         hm.store_u16(self.used + 2, self.next_used.0, Ordering::Release)
             .is_some()
+    }
+
+    /// Asks the guest to kick when it makes buffers available past those it has now:
+    /// an RX queue whose buffers were too few for a frame. With EVENT_IDX the wish
+    /// (avail_event) goes at the avail index as it is now, not at `next_avail`: the
+    /// buffers in between were looked at and are too few for the frame, and a wish
+    /// behind them is past already, so the guest would never kick again. Without it,
+    /// VRING_USED_F_NO_NOTIFY is cleared. True when the guest added buffers meanwhile
+    /// (worth another try); `None` for an unmapped ring.
+    pub fn ask_kick(&self, hm: &HostMem<'_>) -> Option<bool> {
+        let seen = self.avail_idx(hm)?;
+        if self.event_idx {
+            let at = self.used + USED_HEADER + USED_ELEM * u64::from(self.size);
+            hm.store_u16(at, seen.0, Ordering::Relaxed)?;
+        } else {
+            let flags = hm.load_u16(self.used, Ordering::Relaxed)?;
+            hm.store_u16(
+                self.used,
+                flags & !(VRING_USED_F_NO_NOTIFY as u16),
+                Ordering::Relaxed,
+            )?;
+        }
+        // Our wish stored before the avail index is read again (the guest stores its
+        // index, then reads the wish).
+        super::host::store_load_fence();
+        Some(self.avail_idx(hm)? != seen)
     }
 
     /// Whether the guest wants a call for the used entries published since the used

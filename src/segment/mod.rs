@@ -207,6 +207,25 @@ impl Segmenter {
         layout: Option<(&Headers, &Plan)>,
         frame: &[&[u8]],
         opts: &SegmentOpts,
+        emit: F,
+    ) -> Result<SegmentSummary, SegmentError>
+    where
+        F: FnMut(&Segment<'_>) -> bool,
+    {
+        self.segment_planned_from(hdr, layout, frame, opts, 0, emit)
+    }
+
+    /// As [`Segmenter::segment_planned`], from output frame `from` on (the ones
+    /// before it went out earlier): TCP and USO start there, at the cost of one
+    /// segment's work; a UFO datagram's fragments before `from` are made and not
+    /// emitted (its IP ID is the datagram's).
+    pub fn segment_planned_from<F>(
+        &mut self,
+        hdr: &VirtioNetHdr,
+        layout: Option<(&Headers, &Plan)>,
+        frame: &[&[u8]],
+        opts: &SegmentOpts,
+        from: usize,
         mut emit: F,
     ) -> Result<SegmentSummary, SegmentError>
     where
@@ -228,6 +247,8 @@ impl Segmenter {
         let (h, p) = match layout {
             Some(l) if hdr.gso.is_gso() => l,
             None if hdr.gso.is_gso() => return Err(SegmentError::NotGso),
+            // A frame without GSO is one output frame.
+            _ if from > 0 => return Ok(out),
             _ => {
                 let mut b = Bufs {
                     tmpl: &tmpl[..0],
@@ -265,10 +286,15 @@ impl Segmenter {
             spare,
         };
         match p.method {
-            Method::Tcp => tcp::segment(&mut b, h, p, frame, opts.csum, &mut emit, &mut out)?,
-            Method::Uso => udp::segment(&mut b, h, p, frame, opts.csum, &mut emit, &mut out)?,
+            Method::Tcp => tcp::segment(&mut b, h, p, frame, opts.csum, from, &mut emit, &mut out)?,
+            Method::Uso => udp::segment(&mut b, h, p, frame, opts.csum, from, &mut emit, &mut out)?,
             Method::UfoV4 | Method::UfoV6 => {
-                udp::fragment(&mut b, h, p, frame, frag_ids, &mut emit, &mut out)?
+                let mut made = 0;
+                let mut emit_from = |seg: &Segment<'_>| {
+                    made += 1;
+                    made <= from || emit(seg)
+                };
+                udp::fragment(&mut b, h, p, frame, frag_ids, &mut emit_from, &mut out)?
             }
         }
         Ok(out)

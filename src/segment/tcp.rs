@@ -7,7 +7,7 @@ use super::ip::{be32, first_ip_id, ipv4_base, pseudo, put16, put32};
 use super::out::{begin_segment, partial_vnet, send};
 use super::parse::{Headers, IPPROTO_TCP};
 use super::plan::Plan;
-use super::{CsumMode, Segment, SegmentError, SegmentSummary};
+use super::{truncated, CsumMode, Segment, SegmentError, SegmentSummary};
 use crate::vnet_hdr::VirtioNetHdr;
 
 pub const TCP_FIN: u8 = 0x01;
@@ -18,12 +18,14 @@ pub const TCP_CSUM_OFFSET: u16 = 16;
 
 /// Segment i: seq0 + i*mss; FIN and PSH only on the last segment, CWR only on the
 /// first; IPv4 ID id0 + i; options and IPv6 extension headers copied unchanged.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn segment<F>(
     b: &mut Bufs<'_>,
     h: &Headers,
     p: &Plan,
     frame: &[&[u8]],
     mode: CsumMode,
+    from: usize,
     emit: &mut F,
     out: &mut SegmentSummary,
 ) -> Result<(), SegmentError>
@@ -33,6 +35,11 @@ where
     let hl = h.hdr_len();
     let l4 = h.l4_off;
     let mut cur = Cursor::at_payload(frame, h)?;
+    // Segments before `from` went out earlier: their payload is passed over.
+    let from = from.min(p.segments);
+    if !cur.skip(from * p.mss) {
+        return Err(truncated(h.hdr_len() + from * p.mss, h.frame_len));
+    }
     let seq0 = be32(b.tmpl, l4 + 4);
     let flags0 = b.tmpl[l4 + 13];
     let id0 = first_ip_id(b.tmpl, h);
@@ -47,7 +54,7 @@ where
     tcp_base.add_bytes(&b.tmpl[l4 + 14..l4 + 16]);
     tcp_base.add_bytes(&b.tmpl[l4 + 18..hl]);
 
-    for i in 0..p.segments {
+    for i in from..p.segments {
         let start = i * p.mss;
         let (mut parts, len, data) = begin_segment(b, h, p, &mut cur, i, full, &ip_base, id0)?;
         let hdr = &mut b.hdr[..];

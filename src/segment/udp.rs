@@ -26,12 +26,14 @@ fn udp_csum(v: u16) -> u16 {
 
 /// USO: segment i carries its own UDP header (length 8 + its payload) and checksum;
 /// IPv4 ID id0 + i.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn segment<F>(
     b: &mut Bufs<'_>,
     h: &Headers,
     p: &Plan,
     frame: &[&[u8]],
     mode: CsumMode,
+    from: usize,
     emit: &mut F,
     out: &mut SegmentSummary,
 ) -> Result<(), SegmentError>
@@ -40,6 +42,11 @@ where
 {
     let l4 = h.l4_off;
     let mut cur = Cursor::at_payload(frame, h)?;
+    // Segments before `from` went out earlier: their payload is passed over.
+    let from = from.min(p.segments);
+    if !cur.skip(from * p.mss) {
+        return Err(truncated(h.hdr_len() + from * p.mss, h.frame_len));
+    }
     let id0 = first_ip_id(b.tmpl, h);
     let full = mode == CsumMode::Full;
     let ip_base = ipv4_base(b.tmpl, h);
@@ -47,7 +54,7 @@ where
     let mut ports = Checksum::new();
     ports.add_bytes(&b.tmpl[l4..l4 + 4]);
 
-    for i in 0..p.segments {
+    for i in from..p.segments {
         let (mut parts, len, data) = begin_segment(b, h, p, &mut cur, i, full, &ip_base, id0)?;
         let hdr = &mut b.hdr[..];
         let udp_len = UDP_LEN + len;

@@ -55,6 +55,11 @@ pub struct Counters {
     /// because all they got went to full guests (`backpressure::Held::pause_reads`).
     pub rx_held: AtomicU64,
     pub rx_pauses: AtomicU64,
+    /// A guest's TX frames set aside for a full guest queue (re-sent as it adds
+    /// buffers, or dropped as `rx_queue_full`), and the times its TX queue was left
+    /// alone because all a batch held went to full guests (`Held::pause_reads`).
+    pub tx_held: AtomicU64,
+    pub tx_pauses: AtomicU64,
     drops: DropCounters,
 }
 
@@ -165,6 +170,10 @@ pub struct Snapshot {
     pub rx_held: u64,
     #[serde(default)]
     pub rx_pauses: u64,
+    #[serde(default)]
+    pub tx_held: u64,
+    #[serde(default)]
+    pub tx_pauses: u64,
     pub gro_frames: u64,
     #[serde(default)]
     pub gro_segments: u64,
@@ -290,6 +299,8 @@ impl Counters {
             tx_polls: g(&self.tx_polls),
             rx_held: g(&self.rx_held),
             rx_pauses: g(&self.rx_pauses),
+            tx_held: g(&self.tx_held),
+            tx_pauses: g(&self.tx_pauses),
             gro_frames: g(&self.gro_frames),
             gro_segments: g(&self.gro_segments),
             rx_one_copy: g(&self.rx_one_copy),

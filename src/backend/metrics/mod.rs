@@ -160,6 +160,16 @@ const COUNTERS: &[CounterFamily] = &[
         help: "Times an uplink's reads paused (1 ms at most) because all they got went to full guests.",
         value: |s| s.rx_pauses,
     },
+    CounterFamily {
+        name: "tx_held_total",
+        help: "A port's TX frames set aside for a full guest RX queue, re-sent as it adds buffers.",
+        value: |s| s.tx_held,
+    },
+    CounterFamily {
+        name: "tx_pauses_total",
+        help: "Times a port's TX queue was left alone (1 ms at most) because all a batch held went to full guests.",
+        value: |s| s.tx_pauses,
+    },
 ];
 
 /// Gauges read from every endpoint's `Snapshot`.

@@ -1,19 +1,21 @@
 //! RX back-pressure, in one place: what a full guest RX queue means. A guest's stall
 //! clock (how long its queue has been full), and the bounded deferral a sender that
-//! can hold frames (an uplink reader) keeps per destination: a frame for a full queue
+//! can hold frames (an uplink reader, a guest's TX queue) keeps per destination: a frame for a full queue
 //! is copied aside and re-delivered to the destination already resolved, without
 //! learning or classifying again, while the reader goes on serving everyone else.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::deliver::{DeliverCtx, OnFull, Path};
+use super::deliver::{Again, DeliverCtx, OnFull, Path, RunFrame, FIRST};
 use super::stable;
 use super::vlan::ViewBuf;
-use super::{Endpoint, Switch};
-use crate::frame::{Frame, GsoLayout};
+use super::{Endpoint, Route, Switch};
+use crate::frame::validate::validate;
+use crate::frame::{gather_whole, Frame, GsoLayout};
 use crate::l2::{Mac, Tag};
 use crate::stats::DropReason;
 use crate::vnet_hdr::VirtioNetHdr;
@@ -89,7 +91,9 @@ pub trait RoomWaiter: Send + Sync {
 impl RxRoom {
     /// Some guest added RX buffers: the generation moves and the waiters are woken.
     pub fn added(&self) {
-        self.generation.fetch_add(1, Relaxed);
+        // SeqCst with a waiter's look (`Held::room_since_retry`) after it asked to
+        // be rung: either the waiter sees the new generation or its bell rings.
+        self.generation.fetch_add(1, SeqCst);
         let waiters: Vec<Arc<dyn RoomWaiter>> = {
             let w = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
             w.iter().filter_map(Weak::upgrade).collect()
@@ -107,7 +111,7 @@ impl RxRoom {
     }
 
     pub fn generation(&self) -> u64 {
-        self.generation.load(Relaxed)
+        self.generation.load(SeqCst)
     }
 }
 
@@ -121,21 +125,55 @@ struct HeldFrame {
     tag: Tag,
     gso: Option<GsoLayout>,
     queue: usize,
-    sent: usize,
+    /// What the attempts so far did.
+    again: Again,
 }
 
 impl HeldFrame {
-    fn copy(frame: &Frame, queue: usize, sent: usize) -> HeldFrame {
-        HeldFrame {
+    /// A private copy of `frame`, a one-copy frame's bytes in the sender's guest
+    /// buffers included (`None`: they could not be read).
+    fn copy(frame: &Frame, queue: usize, again: Again) -> Option<HeldFrame> {
+        let mut bytes = Vec::new();
+        frame.gather(&mut bytes).ok()?;
+        bytes.truncate(frame.len);
+        Some(HeldFrame {
             hdr: frame.hdr,
-            bytes: frame.parts.concat(),
+            bytes,
             dst_mac: frame.dst,
             src_mac: frame.src,
             tag: frame.tag,
             gso: frame.gso,
             queue,
-            sent,
-        }
+            again,
+        })
+    }
+
+    /// A frame of a sender's run that found its guest queue full: its bytes
+    /// (`head`, then `tail` from the sender's buffers) as the sender sent them, with
+    /// its header `hdr`, read again for what `Frame` keeps. `None`: they could not be
+    /// read, or do not make a frame (they did when they were sent).
+    fn of_run(f: &RunFrame, hdr: VirtioNetHdr, queue: usize) -> Option<HeldFrame> {
+        let mut bytes = Vec::new();
+        let len = gather_whole(&[f.head], f.tail.as_ref(), &mut bytes).ok()?;
+        bytes.truncate(len);
+        let parts = [&bytes[..]];
+        let layout = validate(&hdr, &parts).ok()?.layout;
+        let frame = Frame::new(hdr, &parts, layout).ok()?;
+        let (dst_mac, src_mac, tag, gso) = (frame.dst, frame.src, frame.tag, frame.gso);
+        Some(HeldFrame {
+            hdr,
+            bytes,
+            dst_mac,
+            src_mac,
+            tag,
+            gso,
+            queue,
+            // Admitted when it joined its run; nothing of it went.
+            again: Again {
+                sent: 0,
+                admitted: true,
+            },
+        })
     }
 }
 
@@ -161,6 +199,9 @@ pub struct Held {
     spent: Vec<HeldFrame>,
     /// Where the frames of the sender's current read went (`begin_round`).
     round: Round,
+    /// Frames held since `take_fresh` was last asked (the sender's `tx_held` or
+    /// `rx_held`).
+    fresh: u64,
 }
 
 /// Where the frames of one read round went, for `Held::pause_reads`.
@@ -230,39 +271,99 @@ impl Held {
         r.held > 0 && !r.spread && r.took.iter().all(|d| self.has_for(*d))
     }
 
-    fn has_for(&self, dst: Endpoint) -> bool {
+    /// Whether what is held for every destination of this round is half way to the
+    /// hold bounds: more reads for them would soon be dropped rather than held.
+    pub fn near_bounds(&self) -> bool {
+        if 2 * self.bytes >= HOLD_BYTES {
+            return true;
+        }
+        let r = &self.round;
+        !r.took.is_empty()
+            && r.took.iter().all(|d| {
+                self.by_dst
+                    .iter()
+                    .any(|h| h.dst == *d && 2 * h.frames.len() >= HOLD_FRAMES)
+            })
+    }
+
+    /// Whether frames wait for `dst`: the sender's next frames for it go after them.
+    pub(super) fn has_for(&self, dst: Endpoint) -> bool {
         self.by_dst
             .iter()
             .any(|h| h.dst == dst && !h.frames.is_empty())
     }
 
-    /// Holds a copy of `frame` for `dst` (true), or drops it (counted) when the
-    /// bounds are reached.
+    /// A frame of this round went to unicast destination `dst`.
+    pub(super) fn note_took(&mut self, dst: Endpoint) {
+        self.round.took(dst);
+    }
+
+    /// A frame of this round was flooded.
+    pub(super) fn note_spread(&mut self) {
+        self.round.spread = true;
+    }
+
+    /// Frames held since the last call.
+    pub fn take_fresh(&mut self) -> u64 {
+        std::mem::take(&mut self.fresh)
+    }
+
+    /// Holds `frame` for `dst`, copied by `copy` once the bounds are known to allow
+    /// it; the reason to drop it otherwise (the caller counts it on `dst`).
+    fn hold_with(
+        &mut self,
+        dst: Endpoint,
+        len: usize,
+        copy: impl FnOnce() -> Option<HeldFrame>,
+    ) -> Result<(), DropReason> {
+        self.round.held += 1;
+        let q_len = self.queue_of(dst).frames.len();
+        if q_len >= HOLD_FRAMES || self.bytes + len > HOLD_BYTES {
+            return Err(DropReason::RxQueueFull);
+        }
+        let copy = copy().ok_or(DropReason::BadAddress)?;
+        self.bytes += copy.bytes.len();
+        self.fresh += 1;
+        let held = self.queue_of(dst);
+        if held.frames.is_empty() {
+            held.progress = Instant::now();
+        }
+        held.frames.push_back(copy);
+        Ok(())
+    }
+
+    /// Holds a copy of `frame` (the view `dst` gets, after the attempts `again`) for
+    /// `dst` (true), or drops it (counted) when the bounds are reached.
     fn hold(
         &mut self,
         switch: &Switch,
         dst: Endpoint,
         frame: &Frame,
         queue: usize,
-        sent: usize,
+        again: Again,
     ) -> bool {
-        let q_len = self.queue_of(dst).frames.len();
-        if q_len >= HOLD_FRAMES || self.bytes + frame.len > HOLD_BYTES {
-            switch.count_drop(dst, DropReason::RxQueueFull);
-            return false;
+        let r = self.hold_with(dst, frame.len, || HeldFrame::copy(frame, queue, again));
+        if let Err(reason) = r {
+            switch.count_drop(dst, reason);
         }
-        self.bytes += frame.len;
-        let held = self.queue_of(dst);
-        if held.frames.is_empty() {
-            held.progress = Instant::now();
-        }
-        held.frames.push_back(HeldFrame::copy(frame, queue, sent));
-        true
+        r.is_ok()
     }
 
-    /// Re-delivers held frames, oldest first per destination, when some guest added
-    /// buffers since the last try; a destination that took none for `RX_STALL` loses
-    /// what is held for it. Never waits.
+    /// Holds a frame of a run (`run`) that found queue `queue` of guest `dst` full:
+    /// `hdr` is its header as its sender sent it. The reason to drop it otherwise.
+    pub(super) fn hold_run_frame(
+        &mut self,
+        dst: Endpoint,
+        f: &RunFrame,
+        hdr: VirtioNetHdr,
+        queue: usize,
+    ) -> Result<(), DropReason> {
+        self.hold_with(dst, f.len(), || HeldFrame::of_run(f, hdr, queue))
+    }
+
+    /// Re-delivers held frames, oldest first per destination, until a destination's
+    /// queue is full again; a destination that took none for `RX_STALL` loses what is
+    /// held for it. Never waits.
     ///
     /// The caller flushes `ctx` before it calls again (the frames delivered stay
     /// where they are until then).
@@ -293,7 +394,10 @@ impl Held {
             while let Some(h) = held.frames.front_mut() {
                 if now.duration_since(held.progress) >= RX_STALL {
                     switch.count_drop(dst, DropReason::RxQueueFull);
-                } else if moved {
+                } else {
+                    // Tried even when no guest said it added buffers: one that adds
+                    // them without a kick (it looked at its wish for one before the
+                    // queue filled) gets its frames all the same, for one ring look.
                     // Its bytes stay put until after the caller's flush (`spent`).
                     let _stable = stable::declare(h.bytes.as_ptr_range());
                     let parts = [&h.bytes[..]];
@@ -307,18 +411,19 @@ impl Held {
                         tag: h.tag,
                         gso: h.gso,
                     };
-                    match switch.deliver_to(dst, h.queue, &frame, ctx, OnFull::Return, h.sent) {
+                    match switch.deliver_to(dst, h.queue, &frame, ctx, OnFull::Return, h.again) {
                         Some(out) if out.path == Path::Dropped(DropReason::RxQueueFull) => {
-                            if out.sent > h.sent {
+                            if out.sent > h.again.sent {
                                 held.progress = now;
                             }
-                            h.sent = out.sent;
+                            h.again = Again {
+                                sent: out.sent,
+                                admitted: true,
+                            };
                             break;
                         }
                         _ => held.progress = now,
                     }
-                } else {
-                    break;
                 }
                 if let Some(done) = held.frames.pop_front() {
                     self.bytes -= done.bytes.len();
@@ -326,6 +431,17 @@ impl Held {
                 }
             }
         }
+    }
+
+    /// Whether some guest added RX buffers since the last `retry` looked: a sender
+    /// about to sleep until room appears must not, since that room came already.
+    pub fn room_since_retry(&self, switch: &Switch) -> bool {
+        switch.rx_room().generation() != self.seen_room
+    }
+
+    /// Frames the last `retry` delivered.
+    pub fn retried(&self) -> usize {
+        self.spent.len()
     }
 
     /// How long the sender may sleep: `idle` with nothing held; while frames are
@@ -340,12 +456,14 @@ impl Held {
     }
 }
 
-/// Forwards a frame from a sender that can hold frames (an uplink reader). A unicast
-/// frame for a guest whose RX queue is full is held (`Held`) and re-delivered when
-/// the guest adds buffers, as a NIC with flow control would, for at most `RX_STALL`;
-/// frames behind it for the same guest wait their turn. Floods are never held, and
-/// holding one guest's frames delays another's by one `HOLD_PAUSE` at most (see
-/// `Held::pause_reads`). True when the frame was held.
+/// Forwards a frame from a sender that can hold frames (an uplink reader, a guest's
+/// TX queue). A unicast frame for a guest whose RX queue is full is held (`Held`)
+/// and re-delivered when the guest adds buffers, as a NIC with flow control would,
+/// for at most `RX_STALL`; frames behind it for the same guest wait their turn.
+/// Floods are never held, and holding one guest's frames delays another's by one
+/// `HOLD_PAUSE` at most (see `Held::pause_reads`). A one-copy frame (`Frame::guest`)
+/// is copied whole only when it is held or flooded. The sender counts what was held
+/// by `Held::take_fresh`.
 pub fn forward_holding(
     switch: &Switch,
     src: Endpoint,
@@ -353,32 +471,52 @@ pub fn forward_holding(
     frame: &Frame,
     ctx: &mut DeliverCtx,
     held: &mut Held,
-) -> bool {
+) {
+    if frame.guest.is_some() && !switch.untagged_source(src) {
+        Switch::made_whole(frame, ctx, |whole, ctx| {
+            forward_holding(switch, src, queue, whole, ctx, held);
+            Some(())
+        });
+        return;
+    }
     let mut views = ViewBuf::default();
     let now = ctx.now();
-    let Some(route) = switch.route(src, frame, &mut views, now, &mut ctx.fdb_memo) else {
-        return false;
-    };
+    if let Some(route) = switch.route(src, frame, &mut views, now, &mut ctx.fdb_memo) {
+        send_holding(switch, route, queue, frame, ctx, held);
+    }
+}
+
+/// The rest of `forward_holding`, for a frame routed already.
+pub(super) fn send_holding(
+    switch: &Switch,
+    route: Route,
+    queue: usize,
+    frame: &Frame,
+    ctx: &mut DeliverCtx,
+    held: &mut Held,
+) {
     let Some(dst) = route.unicast() else {
-        held.round.spread = true;
-        switch.send(&route, queue, ctx, OnFull::Count);
-        return false;
+        held.note_spread();
+        switch.send_routed(route, queue, frame, ctx);
+        return;
     };
     let Some(view) = route.view(dst) else {
-        return false;
+        return;
     };
-    held.round.took(dst);
-    let sent = if held.has_for(dst) {
+    held.note_took(dst);
+    let again = if held.has_for(dst) {
         // Keep the order: this frame goes after those already held for `dst`.
-        0
+        FIRST
     } else {
         match switch.send(&route, queue, ctx, OnFull::Return) {
-            Some(out) if out.path == Path::Dropped(DropReason::RxQueueFull) => out.sent,
-            _ => return false,
+            Some(out) if out.path == Path::Dropped(DropReason::RxQueueFull) => Again {
+                sent: out.sent,
+                admitted: true,
+            },
+            _ => return,
         }
     };
-    held.round.held += 1;
-    held.hold(switch, dst, view, queue, sent)
+    held.hold(switch, dst, view, queue, again);
 }
 
 #[cfg(test)]

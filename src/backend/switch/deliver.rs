@@ -110,6 +110,22 @@ pub trait SegmentCharge: Send + Sync {
     fn charge_segments(&self, segments: usize) -> bool;
 }
 
+/// What an earlier attempt to deliver a frame to one destination did: the frames
+/// of it that went (segments are never sent twice), and whether it was admitted
+/// (its destination's `rx_rate=`, the sender's segment budget and GRO saw it once,
+/// and do not again).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Again {
+    pub sent: usize,
+    pub admitted: bool,
+}
+
+/// No earlier attempt.
+pub const FIRST: Again = Again {
+    sent: 0,
+    admitted: false,
+};
+
 /// What a full guest RX queue means to the caller of [`deliver`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnFull {
@@ -497,13 +513,10 @@ pub fn deliver(
                 max_frame: max,
             };
             let mut failed = None;
-            let mut sent = 0;
+            let mut sent = skip;
             let layout = frame.gso.as_ref().map(|l| (&l.headers, &l.plan));
-            let r = segmenter.segment_planned(&frame.hdr, layout, frame.parts, &opts, |seg| {
-                if sent < skip {
-                    sent += 1;
-                    return true;
-                }
+            let parts = frame.parts;
+            let r = segmenter.segment_planned_from(&frame.hdr, layout, parts, &opts, skip, |seg| {
                 match dst.send(queue, &seg.vnet, seg.parts) {
                     Ok(()) => {
                         stats.rx(seg.len());

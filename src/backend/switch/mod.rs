@@ -32,7 +32,7 @@ use crate::l2::{Domain, Mac, Tag, Vid, VlanSet};
 use crate::stats::{Counters, DropReason};
 use crate::vnet_hdr::VirtioNetHdr;
 use backpressure::RxRoom;
-use deliver::{deliver, DeliverCtx, Destination, OnFull, Outcome};
+use deliver::{deliver, Again, DeliverCtx, Destination, OnFull, Outcome, FIRST};
 use fdb::{Fdb, FdbMemo, Learned, MemoKey, UPLINK_MAC_LIMIT};
 use run::{Run, RunFrame, Stable};
 use vlan::{classify, Attach, ViewBuf};
@@ -671,11 +671,11 @@ impl Switch {
         match route.known {
             Some(dst) => route
                 .view(dst)
-                .and_then(|f| Self::deliver_in(t, dst, queue, f, ctx, on_full, 0)),
+                .and_then(|f| Self::deliver_in(t, dst, queue, f, ctx, on_full, FIRST)),
             None => {
                 for e in t.flood_targets(route.src, route.domain, route.foreign) {
                     if let Some(f) = route.view(e) {
-                        Self::deliver_in(t, e, queue, f, ctx, OnFull::Count, 0);
+                        Self::deliver_in(t, e, queue, f, ctx, OnFull::Count, FIRST);
                     }
                 }
                 None
@@ -691,7 +691,7 @@ impl Switch {
     /// flood or a source whose frames may be retagged, and in `deliver_in` for any
     /// other destination.
     pub fn forward(&self, src: Endpoint, queue: usize, frame: &Frame, ctx: &mut DeliverCtx) {
-        if frame.guest.is_some() && !matches!(self.topo.load().attach(src), Attach::Untagged) {
+        if frame.guest.is_some() && !self.untagged_source(src) {
             Self::made_whole(frame, ctx, |whole, ctx| {
                 self.forward(src, queue, whole, ctx);
                 Some(())
@@ -719,29 +719,44 @@ impl Switch {
         ctx: &mut DeliverCtx,
         run: &mut Run<'a>,
     ) {
-        if frame.guest.is_some() && !matches!(self.topo.load().attach(src), Attach::Untagged) {
+        if frame.guest.is_some() && !self.untagged_source(src) {
             run.flush(ctx);
-            return self.forward(src, queue, frame, ctx);
+            return match run.held() {
+                Some(held) => backpressure::forward_holding(self, src, queue, frame, ctx, held),
+                None => self.forward(src, queue, frame, ctx),
+            };
         }
         let mut views = ViewBuf::default();
         let now = ctx.now();
         let Some(route) = self.route(src, frame, &mut views, now, &mut ctx.fdb_memo) else {
             return;
         };
-        match Self::joins_run(&route, queue, frame) {
-            Some((port, hdr)) => {
+        let waits = |run: &mut Run| {
+            let dst = route.unicast()?;
+            run.held()?.has_for(dst).then_some(())
+        };
+        let joins = match waits(run) {
+            // Frames wait for that guest already: this one goes after them.
+            Some(()) => None,
+            None => Self::joins_run(&route, queue, frame),
+        };
+        match joins {
+            Some((port, dst, hdr)) => {
                 if ctx.rx_admit(port.as_ref(), frame) {
                     let f = RunFrame {
                         hdr,
                         head: bytes.head,
                         tail: bytes.tail,
                     };
-                    run.push(port, queue, f, ctx);
+                    run.push((port, dst), queue, f, frame.hdr, ctx);
                 }
             }
             None => {
                 run.flush(ctx);
-                self.send_routed(route, queue, frame, ctx);
+                match run.held() {
+                    Some(held) => backpressure::send_holding(self, route, queue, frame, ctx, held),
+                    None => self.send_routed(route, queue, frame, ctx),
+                }
             }
         }
     }
@@ -753,7 +768,7 @@ impl Switch {
         route: &'r Route,
         queue: usize,
         frame: &Frame,
-    ) -> Option<(&'r Arc<dyn SwitchPort>, VirtioNetHdr)> {
+    ) -> Option<(&'r Arc<dyn SwitchPort>, Endpoint, VirtioNetHdr)> {
         let dst @ Endpoint::Port(i) = route.known? else {
             return None;
         };
@@ -767,7 +782,13 @@ impl Switch {
             deliver::choose(&frame.hdr, caps, port.max_burst().is_some()) == deliver::Path::Intact;
         let takes = frame.guest.is_none() || port.takes_guest_bytes(queue);
         (intact && takes && !deliver::gro_applies(port.as_ref(), caps))
-            .then(|| (port, deliver::rx_header(&frame.hdr, caps)))
+            .then(|| (port, dst, deliver::rx_header(&frame.hdr, caps)))
+    }
+
+    /// Whether a one-copy frame from `src` goes on as it is (its views are the frame
+    /// itself): `forward` makes it whole first otherwise.
+    fn untagged_source(&self, src: Endpoint) -> bool {
+        matches!(self.topo.load().attach(src), Attach::Untagged)
     }
 
     /// Sends a routed frame on: the rest of `forward`.
@@ -807,8 +828,8 @@ impl Switch {
         out
     }
 
-    /// Delivers `frame` (the view for `dst`) to the one destination `dst`, skipping
-    /// the first `skip` frames an earlier attempt delivered. `None`: `dst` is not in
+    /// Delivers `frame` (the view for `dst`) to the one destination `dst`, after what
+    /// an earlier attempt did (`again`; `FIRST` for none). `None`: `dst` is not in
     /// the switch (any more).
     pub fn deliver_to(
         &self,
@@ -817,9 +838,9 @@ impl Switch {
         frame: &Frame,
         ctx: &mut DeliverCtx,
         on_full: OnFull,
-        skip: usize,
+        again: Again,
     ) -> Option<Outcome> {
-        Self::deliver_in(&self.topo.load(), dst, queue, frame, ctx, on_full, skip)
+        Self::deliver_in(&self.topo.load(), dst, queue, frame, ctx, on_full, again)
     }
 
     fn deliver_in(
@@ -829,11 +850,11 @@ impl Switch {
         frame: &Frame,
         ctx: &mut DeliverCtx,
         on_full: OnFull,
-        skip: usize,
+        again: Again,
     ) -> Option<Outcome> {
         if frame.guest.is_some() && !Self::takes_as_is(t, dst, queue, frame) {
             let out = Self::made_whole(frame, ctx, |whole, ctx| {
-                Self::deliver_in(t, dst, queue, whole, ctx, on_full, skip)
+                Self::deliver_in(t, dst, queue, whole, ctx, on_full, again)
             });
             return out.or_else(|| {
                 let reason = DropReason::BadAddress;
@@ -844,22 +865,23 @@ impl Switch {
                 })
             });
         }
+        let skip = again.sent;
         match dst {
             Endpoint::Port(i) => {
                 let port = &t.port(i)?.port;
-                if skip == 0 && !ctx.rx_admit(port.as_ref(), frame) {
+                if !again.admitted && !ctx.rx_admit(port.as_ref(), frame) {
                     return Some(Outcome {
                         path: deliver::Path::Dropped(DropReason::RateLimited),
                         sent: 0,
                     });
                 }
-                if skip == 0 && !ctx.segments_allowed(port.as_ref(), frame) {
+                if !again.admitted && !ctx.segments_allowed(port.as_ref(), frame) {
                     return Some(Outcome {
                         path: deliver::Path::Dropped(DropReason::SegmentBudget),
                         sent: 0,
                     });
                 }
-                if skip == 0 && ctx.gro_offer(port, queue, frame) {
+                if !again.admitted && ctx.gro_offer(port, queue, frame) {
                     return Some(Outcome {
                         path: deliver::Path::Intact,
                         sent: 1,
@@ -880,13 +902,13 @@ impl Switch {
             }
             Endpoint::Uplink(i) => {
                 let up = &t.uplink(i)?.uplink;
-                if skip == 0 && !ctx.rx_admit(up.as_ref(), frame) {
+                if !again.admitted && !ctx.rx_admit(up.as_ref(), frame) {
                     return Some(Outcome {
                         path: deliver::Path::Dropped(DropReason::RateLimited),
                         sent: 0,
                     });
                 }
-                if skip == 0 && !ctx.segments_allowed(up.as_ref(), frame) {
+                if !again.admitted && !ctx.segments_allowed(up.as_ref(), frame) {
                     return Some(Outcome {
                         path: deliver::Path::Dropped(DropReason::SegmentBudget),
                         sent: 0,

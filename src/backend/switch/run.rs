@@ -9,11 +9,13 @@
 
 use std::sync::Arc;
 
+use super::backpressure::Held;
 use super::deliver::DeliverCtx;
 pub use super::deliver::RunFrame;
-use super::SwitchPort;
+use super::{Endpoint, SwitchPort};
 use crate::ring::tx::GuestTail;
 use crate::stats::DropReason;
+use crate::vnet_hdr::VirtioNetHdr;
 
 /// Most frames in one run: what another sender to the same guest may wait for.
 const RUN_FRAMES: usize = 64;
@@ -29,45 +31,88 @@ pub struct Stable<'a> {
     pub tail: Option<GuestTail<'a>>,
 }
 
+/// What a run keeps from batch to batch: its vectors' allocations.
+#[derive(Default)]
+pub struct RunSpare {
+    frames: Vec<RunFrame<'static>>,
+    sent_hdrs: Vec<VirtioNetHdr>,
+    full: Vec<usize>,
+}
+
 /// The run being built: its guest queue and its frames.
 pub struct Run<'a> {
-    to: Option<(Arc<dyn SwitchPort>, usize)>,
+    to: Option<(Arc<dyn SwitchPort>, usize, Endpoint)>,
     frames: Vec<RunFrame<'a>>,
     bytes: usize,
+    /// A sender that holds frames for full queues (`backpressure`): what it holds.
+    held: Option<&'a mut Held>,
+    /// With `held`: each frame's header as its sender sent it (what a held frame
+    /// is re-sent with), and the frames of the last write that found the queue full.
+    sent_hdrs: Vec<VirtioNetHdr>,
+    full: Vec<usize>,
 }
 
 impl<'a> Run<'a> {
-    /// An empty run whose frames go in `spare`'s allocation (see `into_spare`).
-    pub fn new(spare: Vec<RunFrame<'static>>) -> Run<'a> {
+    /// An empty run whose frames go in `spare`'s allocations (see `into_spare`); a
+    /// frame that finds its queue full is counted and dropped.
+    pub fn new(spare: RunSpare) -> Run<'a> {
         Run {
             to: None,
-            frames: recycle(spare),
+            frames: recycle(spare.frames),
             bytes: 0,
+            held: None,
+            sent_hdrs: spare.sent_hdrs,
+            full: spare.full,
         }
     }
 
-    /// The run's allocation, for the next batch's run. Call after `flush`.
-    pub fn into_spare(self) -> Vec<RunFrame<'static>> {
-        recycle(self.frames)
+    /// `new`, for a sender that holds frames for full guest queues in `held`
+    /// rather than drop them.
+    pub fn holding(spare: RunSpare, held: &'a mut Held) -> Run<'a> {
+        Run {
+            held: Some(held),
+            ..Run::new(spare)
+        }
+    }
+
+    /// The run's allocations, for the next batch's run. Call after `flush`.
+    pub fn into_spare(mut self) -> RunSpare {
+        self.sent_hdrs.clear();
+        RunSpare {
+            frames: recycle(self.frames),
+            sent_hdrs: self.sent_hdrs,
+            full: self.full,
+        }
+    }
+
+    /// What the sender holds, if it holds frames.
+    pub fn held(&mut self) -> Option<&mut Held> {
+        self.held.as_deref_mut()
     }
 
     /// Whether the run goes to queue `queue` of `port`.
     fn goes_to(&self, port: &Arc<dyn SwitchPort>, queue: usize) -> bool {
-        matches!(&self.to, Some((p, q)) if *q == queue && Arc::ptr_eq(p, port))
+        matches!(&self.to, Some((p, q, _)) if *q == queue && Arc::ptr_eq(p, port))
     }
 
-    /// Adds `frame` for queue `queue` of `port`: after the run if it goes there
-    /// too, else in a new run once this one has gone.
+    /// Adds `frame` (sent with header `sent_hdr`) for queue `queue` of `port`
+    /// (endpoint `dst`): after the run if it goes there too, else in a new run
+    /// once this one has gone.
     pub fn push(
         &mut self,
-        port: &Arc<dyn SwitchPort>,
+        (port, dst): (&Arc<dyn SwitchPort>, Endpoint),
         queue: usize,
         frame: RunFrame<'a>,
+        sent_hdr: VirtioNetHdr,
         ctx: &mut DeliverCtx,
     ) {
         if !self.goes_to(port, queue) {
             self.flush(ctx);
-            self.to = Some((port.clone(), queue));
+            self.to = Some((port.clone(), queue, dst));
+        }
+        if let Some(held) = self.held.as_deref_mut() {
+            held.note_took(dst);
+            self.sent_hdrs.push(sent_hdr);
         }
         self.bytes += frame.len();
         self.frames.push(frame);
@@ -82,10 +127,11 @@ impl<'a> Run<'a> {
         self.to = None;
     }
 
-    /// Writes the run's frames, counting what went and what was dropped, and notes
-    /// the queue for the batch's signal; the run still goes to the same queue.
+    /// Writes the run's frames, counting what went and what was dropped (or, for a
+    /// sender that holds frames, holding what found the queue full), and notes the
+    /// queue for the batch's signal; the run still goes to the same queue.
     fn write(&mut self, ctx: &mut DeliverCtx) {
-        let Some((port, queue)) = &self.to else {
+        let Some((port, queue, dst)) = &self.to else {
             return;
         };
         if self.frames.is_empty() {
@@ -94,6 +140,9 @@ impl<'a> Run<'a> {
         let stats = port.stats();
         let (mut sent, mut bytes, mut gso) = (0u64, 0u64, 0u64);
         let frames = &self.frames;
+        let holding = self.held.is_some();
+        let full = &mut self.full;
+        full.clear();
         port.send_run(
             *queue,
             frames,
@@ -103,6 +152,7 @@ impl<'a> Run<'a> {
                     bytes += frames[i].len() as u64;
                     gso += u64::from(frames[i].hdr.gso.is_gso());
                 }
+                Err(DropReason::RxQueueFull) if holding => full.push(i),
                 Err(reason) => stats.drop(reason),
             },
         );
@@ -110,7 +160,19 @@ impl<'a> Run<'a> {
         if sent > 0 {
             ctx.pending.rx_written(port, *queue);
         }
+        // Held after the queue's locks are let go: a copy, from the sender's buffers
+        // for a one-copy frame.
+        if let Some(held) = self.held.as_deref_mut() {
+            for &i in full.iter() {
+                if let Err(reason) =
+                    held.hold_run_frame(*dst, &frames[i], self.sent_hdrs[i], *queue)
+                {
+                    stats.drop(reason);
+                }
+            }
+        }
         self.frames.clear();
+        self.sent_hdrs.clear();
         self.bytes = 0;
     }
 }
@@ -186,7 +248,7 @@ mod tests {
         let flood = ethernet(Mac::BROADCAST.0, mac(0).0, &[], 0x0800, &pattern(62));
         let last = ethernet(mac(1).0, mac(0).0, &[], 0x0800, &pattern(63));
         let mut ctx = DeliverCtx::default();
-        let mut run = Run::new(Vec::new());
+        let mut run = Run::new(RunSpare::default());
         send_in_run(&sw, 0, &first, &mut ctx, &mut run);
         assert!(
             ports[1].take().is_empty(),
@@ -212,7 +274,7 @@ mod tests {
             .map(|i| ethernet(mac(1).0, mac(0).0, &[], 0x0800, &pattern(60 + i)))
             .collect();
         let mut ctx = DeliverCtx::default();
-        let mut run = Run::new(Vec::new());
+        let mut run = Run::new(RunSpare::default());
         for f in &frames {
             send_in_run(&sw, 0, f, &mut ctx, &mut run);
         }

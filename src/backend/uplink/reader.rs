@@ -461,8 +461,10 @@ fn handle_frame<D: UplinkDevice>(
     match Frame::from_device(hdr, &parts) {
         Ok(frame) if !up.admit(frame.wire_len()) => up.stats.drop(DropReason::RateLimited),
         Ok(frame) => {
-            if forward_holding(switch, Endpoint::Uplink(id), queue, &frame, ctx, held) {
-                up.stats.rx_held.fetch_add(1, Ordering::Relaxed);
+            forward_holding(switch, Endpoint::Uplink(id), queue, &frame, ctx, held);
+            let fresh = held.take_fresh();
+            if fresh > 0 {
+                up.stats.rx_held.fetch_add(fresh, Ordering::Relaxed);
             }
         }
         Err(reason) => up.stats.drop(reason),

@@ -100,7 +100,7 @@ impl PortBackend {
             .map(|_| EventFd::new(EFD_NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
         let workers = (0..port.queue_pairs())
-            .map(|_| TxWorker::with_timer(port.clone()).map(Mutex::new))
+            .map(|_| TxWorker::with_timer(port.clone(), switch.rx_room()).map(Mutex::new))
             .collect::<io::Result<Vec<_>>>()?;
         let owed = (0..port.queue_pairs())
             .map(|_| {

@@ -536,13 +536,12 @@ impl Port {
         for (i, (hdr, src)) in frames.by_ref() {
             let mut r = rx::write_frame_in(&mut ring, &hm, scratch, hdr, fmt, src, false);
             if r == Err(RxError::NoBuffers) {
-                // Ask the guest to kick when it adds buffers (avail_event = next_avail,
-                // or VRING_USED_F_NO_NOTIFY cleared). Buffers it added since the
-                // ring was last read may have been added after it looked at that
-                // wish, with no kick to come: they are taken now, or the queue would
+                // Ask the guest to kick when it adds buffers (`SplitRing::ask_kick`:
+                // past those it has now, which were too few). Buffers it added since
+                // the ring was last read may have been added after it looked at that
+                // wish, with no kick to come: they are tried now, or the queue would
                 // count as full, then stalled, while it has room.
-                ring.store(state.get_queue_mut());
-                if let Ok(true) = state.enable_notification() {
+                if ring.ask_kick(&hm) == Some(true) {
                     r = rx::write_frame_in(&mut ring, &hm, scratch, hdr, fmt, src, false);
                 }
             }

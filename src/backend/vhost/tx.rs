@@ -2,7 +2,9 @@
 //! chain out, check it against what the guest negotiated, and hand the typed frame to
 //! the switch; signal the guest and the destinations once per batch.
 
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -11,8 +13,11 @@ use virtio_queue::QueueT;
 
 use super::completion::TxCompletion;
 use super::port::{Port, Vring};
+use crate::backend::switch::backpressure::{
+    forward_holding, Held, RoomWaiter, RxRoom, HOLD_PAUSE, RX_STALL,
+};
 use crate::backend::switch::deliver::{DeliverCtx, SegmentCharge};
-use crate::backend::switch::run::{Run, RunFrame, Stable};
+use crate::backend::switch::run::{Run, RunSpare, Stable};
 use crate::backend::switch::{Endpoint, Switch};
 use crate::features::Caps;
 use crate::frame::validate::{tx_frame, tx_frame_tail};
@@ -45,10 +50,33 @@ pub struct TxWorker {
     /// where they had to be made whole (to a tap, say), so a copy of them is taken
     /// at once and their chains go back before they are sent.
     one_copy_pause: u32,
-    pub timer: Option<OneShotTimer>,
+    /// Frames for a guest whose RX queue was full, copied aside and re-sent as it
+    /// adds buffers (`switch::backpressure`), rather than dropped.
+    held: Held,
+    /// When the queue was first left alone for a full guest since that guest last
+    /// took a held frame (`pause`).
+    pause_since: Option<Instant>,
+    /// Arms `timer` at once when a guest adds RX buffers while frames are held.
+    bell: Option<Arc<TimerBell>>,
+    pub timer: Option<Arc<OneShotTimer>>,
     pub completion: TxCompletion,
-    /// The allocation of the batch's runs, kept from batch to batch.
-    run_spare: Vec<RunFrame<'static>>,
+    /// The allocations of the batch's runs, kept from batch to batch.
+    run_spare: RunSpare,
+}
+
+/// Wakes a TX worker holding frames as soon as some guest adds RX buffers: its
+/// timer fires at once, and the worker retries (`drain`).
+struct TimerBell {
+    wanted: AtomicBool,
+    timer: Arc<OneShotTimer>,
+}
+
+impl RoomWaiter for TimerBell {
+    fn room(&self) {
+        if self.wanted.swap(false, SeqCst) {
+            let _ = self.timer.arm(Duration::ZERO);
+        }
+    }
 }
 
 /// Frames of this many bytes or more go guest to guest with one copy: below it, a
@@ -65,31 +93,118 @@ impl Default for TxWorker {
             ctx: DeliverCtx::holding(),
             paced: false,
             one_copy_pause: 0,
+            held: Held::default(),
+            pause_since: None,
+            bell: None,
             timer: None,
             completion: TxCompletion::default(),
-            run_spare: Vec::new(),
+            run_spare: RunSpare::default(),
         }
     }
 }
 
 impl TxWorker {
     /// A worker with its timers (the daemon's workers), charging the software
-    /// segmentation of its frames to `budget` (the port's).
-    pub fn with_timer(budget: Arc<dyn SegmentCharge>) -> std::io::Result<TxWorker> {
+    /// segmentation of its frames to `budget` (the port's), and woken by `room`
+    /// while it holds frames for a full guest.
+    pub fn with_timer(budget: Arc<dyn SegmentCharge>, room: &RxRoom) -> std::io::Result<TxWorker> {
+        let timer = Arc::new(OneShotTimer::new()?);
+        let bell = Arc::new(TimerBell {
+            wanted: AtomicBool::new(false),
+            timer: timer.clone(),
+        });
+        room.subscribe(Arc::downgrade(&bell) as Weak<dyn RoomWaiter>);
         let mut w = TxWorker {
-            timer: Some(OneShotTimer::new()?),
+            timer: Some(timer),
+            bell: Some(bell),
             completion: TxCompletion::with_timer()?,
             ..TxWorker::default()
         };
         w.ctx.segment_charge = Some(budget);
         Ok(w)
     }
+
+    /// Whether the worker holds frames for full guests rather than drop them: it
+    /// has the timer and the bell that end a pause.
+    fn holds(&self) -> bool {
+        self.bell.is_some()
+    }
+
+    /// Held frames go first, as their guests add buffers.
+    fn retry_held(&mut self, switch: &Switch) {
+        if self.held.is_empty() {
+            return;
+        }
+        self.held.retry(switch, &mut self.ctx);
+        if self.held.retried() > 0 {
+            // The full guest took some: it may be waited for again.
+            self.pause_since = None;
+        }
+        self.ctx.flush();
+    }
+
+    /// The batch just taken all went to guests that now have frames held: the queue
+    /// is left alone until some guest adds RX buffers, `HOLD_PAUSE` at most since
+    /// those guests last took a held frame, or `RX_STALL` while what is held for them
+    /// is half way to the hold bounds (more would be dropped, not held). What follows
+    /// in the queue is most likely for them too; left there it costs no copy, and
+    /// the guest's own queue slows its sender, as a NIC's pause frames would. A batch
+    /// with a frame for anyone else never pauses. False: no pause (its time is up, or
+    /// no timer to end it).
+    fn pause(&mut self, port: &Port, switch: &Switch) -> bool {
+        if !self.held.pause_reads() {
+            self.pause_since = None;
+            return false;
+        }
+        let (Some(timer), Some(bell)) = (&self.timer, &self.bell) else {
+            return false;
+        };
+        let since = *self.pause_since.get_or_insert_with(|| {
+            port.stats.tx_pauses.fetch_add(1, Relaxed);
+            Instant::now()
+        });
+        let most = if self.held.near_bounds() {
+            RX_STALL
+        } else {
+            HOLD_PAUSE
+        };
+        let left = most.saturating_sub(since.elapsed());
+        if left.is_zero() {
+            return false;
+        }
+        // Asked before the timer is armed: room that appears from now on rings, and
+        // room that came since the last retry is taken at once instead.
+        bell.wanted.store(true, SeqCst);
+        if self.held.room_since_retry(switch) {
+            return false;
+        }
+        timer.arm(left).is_ok()
+    }
+
+    /// Frames are still held after a drain that did not pause: some guest adding
+    /// buffers wakes the worker to retry them, and the timer does within
+    /// `RX_STALL / 10` at the latest, so what a guest never takes is dropped in time
+    /// (at once if room came since the last retry).
+    fn look_again_for_held(&self, switch: &Switch) {
+        if self.held.is_empty() {
+            return;
+        }
+        if let (Some(timer), Some(bell)) = (&self.timer, &self.bell) {
+            bell.wanted.store(true, SeqCst);
+            let after = if self.held.room_since_retry(switch) {
+                Duration::ZERO
+            } else {
+                RX_STALL / 10
+            };
+            let _ = timer.arm(after);
+        }
+    }
 }
 
 /// Over its `rate=`, the queue is held: nothing more is popped (the guest's own queue
 /// backs up) and the worker's timer wakes it when the debt is paid; never a busy
 /// wait. False: no timer to wake it, so the queue is not held.
-fn hold(port: &Port, timer: &Option<OneShotTimer>, wait: Duration) -> bool {
+fn hold(port: &Port, timer: &Option<Arc<OneShotTimer>>, wait: Duration) -> bool {
     let Some(t) = timer else { return false };
     if t.arm(wait.max(Duration::from_micros(1))).is_err() {
         return false;
@@ -106,7 +221,8 @@ pub enum DrainEnd {
     /// Polling: the drain found frames and left the guest's kicks off, so the caller
     /// must look again after the port's `tx_poll_us`.
     Poll,
-    /// Held for a `rate=`: kicks stay off and the worker's timer is armed already.
+    /// Held for a `rate=`, or left alone for a full guest (`TxWorker::pause`):
+    /// kicks stay off and the worker's timer is armed already.
     Held,
 }
 
@@ -225,6 +341,7 @@ pub fn drain(
         };
         let mut done = 0;
         let mut held = false;
+        let mut paused = false;
         loop {
             if let Some(wait) = port.tx_wait().max(w.ctx.take_hold()) {
                 w.paced = true;
@@ -233,6 +350,8 @@ pub fn drain(
                     break;
                 }
             }
+            w.retry_held(switch);
+            w.held.begin_round();
             let max = max.min(TX_BATCH - done);
             let n = match take_and_send(&sender, txq, &mem, neg.hdr_len(), w, max) {
                 Take::Stopped => return DrainEnd::Kicks,
@@ -251,6 +370,10 @@ pub fn drain(
             // chains came back follows their frames' delivery.
             w.ctx.flush();
             done += n;
+            if w.pause(port, switch) {
+                paused = true;
+                break;
+            }
             if done >= TX_BATCH {
                 break;
             }
@@ -263,7 +386,7 @@ pub fn drain(
         // path, the sender's TX completion is not, and on a host with few CPUs the
         // first thread woken runs first.
         w.completion.used(port, txq, done, port.tx_coalesce_usecs());
-        if held {
+        if held || paused {
             return DrainEnd::Held; // the timer drains on, notifications stay off meanwhile
         }
         popped += done;
@@ -271,6 +394,7 @@ pub fn drain(
             continue;
         }
         if poll && popped > 0 {
+            w.look_again_for_held(switch);
             return DrainEnd::Poll;
         }
         if done >= WATCH_AFTER && watch(txq, &mem, port.cfg.busy_poll_us) {
@@ -278,7 +402,10 @@ pub fn drain(
         }
         match txq.enable_notification() {
             Ok(true) => continue, // more arrived while notifications were off
-            _ => return DrainEnd::Kicks,
+            _ => {
+                w.look_again_for_held(switch);
+                return DrainEnd::Kicks;
+            }
         }
     }
 }
@@ -337,13 +464,22 @@ struct Sender<'a> {
 impl Sender<'_> {
     /// Hands a checked frame to the switch, or counts why it was refused. Its
     /// segment budget is charged where a destination needs the frame cut
-    /// (`DeliverCtx::segments_allowed`), not for frames that go intact.
-    fn forward(&self, checked: Result<Frame, DropReason>, ctx: &mut DeliverCtx) {
+    /// (`DeliverCtx::segments_allowed`), not for frames that go intact. With `held`,
+    /// a frame for a guest whose RX queue is full is held there, not dropped.
+    fn forward(
+        &self,
+        checked: Result<Frame, DropReason>,
+        ctx: &mut DeliverCtx,
+        held: Option<&mut Held>,
+    ) {
         match checked {
             Ok(frame) => {
                 self.port.tx_charge(frame.wire_len());
                 let src = Endpoint::Port(self.port.id);
-                self.switch.forward(src, self.pair, &frame, ctx)
+                match held {
+                    Some(held) => forward_holding(self.switch, src, self.pair, &frame, ctx, held),
+                    None => self.switch.forward(src, self.pair, &frame, ctx),
+                }
             }
             Err(reason) => self.port.stats.drop(reason),
         }
@@ -374,10 +510,12 @@ impl Sender<'_> {
 /// it to the switch. Frames for the same guest queue go there in runs.
 fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
     let port = s.port;
+    let holds = w.holds();
     let TxWorker {
         batch,
         ctx,
         run_spare,
+        held,
         ..
     } = w;
     let TxBatch {
@@ -386,7 +524,12 @@ fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
         pieces,
         ..
     } = batch;
-    let mut run = Run::new(std::mem::take(run_spare));
+    let spare = std::mem::take(run_spare);
+    let mut run = if holds {
+        Run::holding(spare, held)
+    } else {
+        Run::new(spare)
+    };
     let (mut sent, mut bytes, mut largest) = (0u64, 0u64, 0u64);
     for read in frames.drain(..) {
         let f = match read {
@@ -424,13 +567,17 @@ fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
             // Headers past the head, or a bad frame: judged again whole.
             Err(_) => {
                 run.flush(ctx);
-                send_whole(s, f.hdr, &head, tail, ctx)
+                send_whole(s, f.hdr, &head, tail, ctx, &mut run)
             }
         }
     }
     run.flush(ctx);
     *run_spare = run.into_spare();
     port.stats.tx_many(sent, bytes, largest);
+    let fresh = held.take_fresh();
+    if fresh > 0 {
+        port.stats.tx_held.fetch_add(fresh, Relaxed);
+    }
 }
 
 /// A one-copy frame whose head did not pass alone: copied whole and checked as any
@@ -441,12 +588,13 @@ fn send_whole(
     head: &[&[u8]],
     tail: GuestTail,
     ctx: &mut DeliverCtx,
+    run: &mut Run,
 ) {
     let mut buf = std::mem::take(&mut ctx.whole);
     match gather_whole(head, Some(&tail), &mut buf) {
         Ok(len) => {
             let parts = [&buf[..len]];
-            s.forward(tx_frame(s.tx_caps, hdr, &parts), ctx);
+            s.forward(tx_frame(s.tx_caps, hdr, &parts), ctx, run.held());
         }
         Err(reason) => s.port.stats.drop(reason),
     }
