@@ -79,6 +79,9 @@ impl RoomWaiter for TimerBell {
     }
 }
 
+/// Most chains a batch takes while frames are held for a full guest.
+const HELD_BATCH: usize = 16;
+
 /// Frames of this many bytes or more go guest to guest with one copy: below it, a
 /// second copy of a few cache lines costs less than the pieces' bookkeeping.
 const ONE_COPY_FROM: usize = 512;
@@ -352,7 +355,12 @@ pub fn drain(
             }
             w.retry_held(switch);
             w.held.begin_round();
-            let max = max.min(TX_BATCH - done);
+            let mut max = max.min(TX_BATCH - done);
+            if !w.held.is_empty() {
+                // Frames wait for a full guest: smaller batches, so that the queue
+                // pauses (`pause`) before a batch's frames for it pass the hold bounds.
+                max = max.min(HELD_BATCH);
+            }
             let n = match take_and_send(&sender, txq, &mem, neg.hdr_len(), w, max) {
                 Take::Stopped => return DrainEnd::Kicks,
                 Take::Broken => {
