@@ -740,7 +740,7 @@ impl XenVifConfig {
                         W,
                         "auto",
                         "",
-                        "auto takes max=, tso=, csum=, uring= and nice= only",
+                        "auto takes max=, queues=, tso=, csum=, uring= and nice= only",
                     ));
                 }
                 XenVifTarget::Auto {
