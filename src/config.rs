@@ -173,6 +173,8 @@ pub struct PortConfig {
     /// Frames of 512 bytes or more go from this guest to another guest with one
     /// copy, straight from its TX buffers into the receiver's RX buffers.
     pub one_copy: bool,
+    /// Offer VIRTIO_F_RING_PACKED: a frontend that acks it gets packed rings.
+    pub packed: bool,
     /// RX interrupt moderation (`ethtool -C rx-usecs rx-frames`): a frame is announced
     /// to the guest at most this many µs after it was written (0: at once) ...
     pub rx_coalesce_usecs: u32,
@@ -344,7 +346,7 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, rx_rate, rx_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, busy_poll_us, one_copy, rx_coalesce_usecs, rx_coalesce_frames, tx_coalesce_usecs, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, rx_rate, rx_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, busy_poll_us, one_copy, packed, rx_coalesce_usecs, rx_coalesce_frames, tx_coalesce_usecs, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
     /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,socket_mode=0660][,socket_group=GROUP]
@@ -378,6 +380,7 @@ impl PortConfig {
             tx_poll_us: 0,
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             one_copy: true,
+            packed: false,
             rx_coalesce_usecs: 0,
             rx_coalesce_frames: 0,
             tx_coalesce_usecs: 0,
@@ -417,6 +420,7 @@ impl PortConfig {
                 "tx_poll_us" => c.tx_poll_us = number(W, &k, &v, 0, MAX_TX_POLL_US)?,
                 "busy_poll_us" => c.busy_poll_us = number(W, &k, &v, 0, MAX_BUSY_POLL_US)?,
                 "one_copy" => c.one_copy = on_off(W, &k, &v)?,
+                "packed" => c.packed = on_off(W, &k, &v)?,
                 "rx_coalesce_usecs" => {
                     c.rx_coalesce_usecs = number(W, &k, &v, 0, MAX_RX_COALESCE_USECS)?
                 }

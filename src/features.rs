@@ -2,7 +2,7 @@
 //! dependency rules between bits, and the typed `Caps` the rest of gsonet works with.
 
 use serde::{Deserialize, Serialize};
-use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_config::{VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
@@ -42,6 +42,9 @@ pub const HOST_USO: u64 = bit(VIRTIO_NET_F_HOST_USO);
 pub const INDIRECT_DESC: u64 = bit(VIRTIO_RING_F_INDIRECT_DESC);
 pub const EVENT_IDX: u64 = bit(VIRTIO_RING_F_EVENT_IDX);
 pub const VERSION_1: u64 = bit(VIRTIO_F_VERSION_1);
+/// VIRTIO_F_RING_PACKED: the queues are packed rings (`ring::packed`). Offered only on
+/// a port with `packed=on`.
+pub const RING_PACKED: u64 = bit(VIRTIO_F_RING_PACKED);
 
 const HOST_OFFLOADS: u64 = HOST_TSO4 | HOST_TSO6 | HOST_ECN | HOST_UFO | HOST_USO;
 const GUEST_OFFLOADS: u64 =
@@ -298,6 +301,10 @@ pub struct Negotiated {
     pub modern: bool,
     /// LOG_ALL: writes to guest memory are logged (a live migration is under way).
     pub log_all: bool,
+    /// RING_PACKED: every queue of the device is a packed ring.
+    pub packed: bool,
+    /// The feature word as acked.
+    pub acked: u64,
 }
 
 impl Negotiated {
@@ -310,6 +317,8 @@ impl Negotiated {
             indirect_desc: acked & INDIRECT_DESC != 0,
             modern: acked & (VERSION_1 | MRG_RXBUF) != 0,
             log_all: acked & LOG_ALL != 0,
+            packed: acked & RING_PACKED != 0,
+            acked,
         }
     }
 

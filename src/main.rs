@@ -127,7 +127,7 @@ struct ServeArgs {
     /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mac_lock=on][,mac_limit=N]
     /// [,mtu=N][,max_burst=N][,gro=on|off][,rate=MBIT[,burst=KB]][,rx_rate=MBIT[,rx_burst=KB]]
     /// [,vlan=N | ,trunk=on,allowed_vlans=LIST]
-    /// [,socket_mode=MODE][,socket_group=GROUP][,tx_poll_us=N][,busy_poll_us=N][,one_copy=on|off]
+    /// [,socket_mode=MODE][,socket_group=GROUP][,tx_poll_us=N][,busy_poll_us=N][,one_copy=on|off][,packed=on|off]
     /// and offload switches offloads|csum|guest_csum|tso|ecn|ufo|uso|mrg_rxbuf|event_idx|indirect_desc=on|off.
     /// gsonet listens on PATH (QEMU connects); with `client` (or server=off) it connects to
     /// a QEMU started with server=on. path=PATH is the same as socket=PATH. Repeat for more
@@ -164,6 +164,9 @@ struct ServeArgs {
     /// one_copy=on (default): a frame of 512 bytes or more this guest sends to another
     /// guest that takes it intact is copied once, from its buffers straight into the
     /// receiver's (rx_one_copy); off: through gsonet's memory, two copies.
+    /// packed=on (default off): offer packed virtqueues (VIRTIO_F_RING_PACKED, QEMU
+    /// virtio-net-pci packed=on, DPDK virtio_user packed_vq=1); a frontend that does
+    /// not ack them gets split rings as before. `gsonet stats` shows what was acked.
     /// rx_coalesce_usecs=N (0..10000, default 0: off) and rx_coalesce_frames=N
     /// (0..1024): RX interrupt moderation as `ethtool -C rx-usecs/rx-frames` means it: a
     /// frame is announced to the guest at most N µs after it was written, or at once
@@ -298,6 +301,14 @@ fn print_stats(r: &control::protocol::StatsReport) {
                 "waiting for a guest"
             }
         );
+        if let Some(acked) = p.acked {
+            let ring = if acked & gsonet::features::RING_PACKED != 0 {
+                "packed"
+            } else {
+                "split"
+            };
+            println!("  acked features: {acked:#x} ({ring} rings)");
+        }
         if let (Some(rx), Some(tx)) = (p.guest_rx, p.guest_tx) {
             println!("  guest sends: {tx:?}");
             println!("  guest takes: {rx:?}");

@@ -13,8 +13,11 @@ from .qemu import vhost_user_netdev
 
 
 @contextmanager
-def guest_pair(work: Path, prefix: str, *, tap: str | None = None):
-    """Starts gsonet and boots A and B (at once, each with its default device);
+def guest_pair(work: Path, prefix: str, *, tap: str | None = None,
+               port_opts: tuple[str, str] = ("", ""),
+               props: tuple[dict | None, dict | None] = (None, None)):
+    """Starts gsonet and boots A and B (at once, each with its default device, or
+    with ``props`` for A and B; ``port_opts`` are added to each port's spec);
     yields a namespace with ``gs``, ``a``, ``b``, ``socks``, ``tap``, the addresses
     ``ip_a``, ``ip_b``, ``ip6_a``, ``ip6_b``, ``host_ip``, ``host_ip6``, and
     ``boot_b(props)``, which reboots B with those device properties unless it runs
@@ -27,7 +30,7 @@ def guest_pair(work: Path, prefix: str, *, tap: str | None = None):
         tap=tap, socks=[str(work / "a.sock"), str(work / "b.sock")],
         a=None, b=None, b_props={},
     )
-    ns.gs = Gsonet([f"socket={s}" for s in ns.socks], [f"tap={tap}"] if tap else None,
+    ns.gs = Gsonet([f"socket={s}{o}" for s, o in zip(ns.socks, port_opts)], [f"tap={tap}"] if tap else None,
                    workdir=work, name=f"gsonet-{prefix}")
 
     def guest(side: str, props: dict | None = None) -> Guest:
@@ -55,7 +58,8 @@ def guest_pair(work: Path, prefix: str, *, tap: str | None = None):
         ns.gs.start()
         if tap:
             set_addr(tap, f"{ns.host_ip}/24", f"{ns.host_ip6}/64")
-        ns.a, ns.b = guest("a"), guest("b")
+        ns.a, ns.b = guest("a", props[0]), guest("b", props[1])
+        ns.b_props = dict(props[1] or {})
         for g in (ns.a, ns.b):
             g.start()
         for g in (ns.a, ns.b):

@@ -9,8 +9,9 @@ use virtio_queue::QueueT;
 
 use super::guest_mem::{BadRange, GuestMem};
 use super::host::HostMem;
-use super::split::{head_is_indirect, walk_chain, Desc, SplitRing, WalkEnd};
+use super::split::{Desc, WalkEnd};
 use super::tx::GuestTail;
+use super::vq::{Head, Vq};
 use crate::stats::DropReason;
 use crate::vnet_hdr::VirtioNetHdr;
 
@@ -65,7 +66,7 @@ pub struct RxFormat {
 #[derive(Default)]
 pub struct RxScratch {
     descs: Vec<(u64, usize)>,
-    chains: Vec<(u16, usize)>, // head, number of descriptors
+    chains: Vec<(Head, usize)>, // head, number of descriptors
     written: Vec<usize>,
     /// One chain as walked (at most a queue's worth of descriptors).
     walk: Vec<Desc>,
@@ -97,7 +98,7 @@ pub fn write_frame<Q: QueueT>(
     parts: &[&[u8]],
 ) -> Result<usize, RxError> {
     let hm = HostMem::new(mem);
-    let mut ring = SplitRing::of(q);
+    let mut ring = Vq::of(q, false);
     let r = write_frame_in(&mut ring, &hm, scratch, hdr, fmt, Source::Own(parts), true);
     ring.store(q);
     r
@@ -125,12 +126,13 @@ impl Source<'_> {
     }
 }
 
-/// `write_frame` on a ring already taken out of its vring (`SplitRing`): claims
-/// chains, copies, writes the frame's used entries and, with `publish`, moves the
-/// used index past them with one store. Without it the caller publishes later, at a
-/// frame boundary (`SplitRing::publish_used`), so a batch of frames costs one store.
+/// `write_frame` on a ring already taken out of its vring (`Vq`): claims chains,
+/// copies, records the frame's used entries and, with `publish`, makes them visible
+/// at once (a split ring's used index moved past them with one store). Without it
+/// the caller publishes later, at a frame boundary (`Vq::publish_used`), so a batch
+/// of frames costs one store.
 pub fn write_frame_in(
-    ring: &mut SplitRing,
+    ring: &mut Vq,
     hm: &HostMem<'_>,
     scratch: &mut RxScratch,
     hdr: &VirtioNetHdr,
@@ -141,15 +143,17 @@ pub fn write_frame_in(
     let need = fmt.hdr_len + src.len();
     scratch.descs.clear();
     scratch.chains.clear();
+    ring.clear();
     let Some(mut avail) = ring.pending_cached(hm) else {
         return Err(RxError::BadChain);
     };
+    let qsize = usize::from(ring.size());
 
     // Claim chains until they can hold the frame.
     let mut have = 0usize;
     while have < need {
         if scratch.chains.len() == MAX_CHAINS_PER_FRAME {
-            ring.unpop(scratch.chains.len() as u16);
+            give_back_all(ring, &scratch.chains);
             return Err(RxError::TooFragmented);
         }
         if avail == 0 {
@@ -157,34 +161,28 @@ pub fn write_frame_in(
             avail = match ring.pending_fresh(hm) {
                 Some(n) if n > 0 => n,
                 Some(_) => {
-                    ring.unpop(scratch.chains.len() as u16);
+                    give_back_all(ring, &scratch.chains);
                     return Err(RxError::NoBuffers);
                 }
                 None => {
-                    ring.unpop(scratch.chains.len() as u16);
+                    give_back_all(ring, &scratch.chains);
                     return Err(RxError::BadChain);
                 }
             };
         }
         avail -= 1;
-        let Some(head) = ring.pop(hm) else {
-            ring.unpop(scratch.chains.len() as u16);
+        let Some(head) = ring.take_next(hm, qsize) else {
+            give_back_all(ring, &scratch.chains);
             return Err(RxError::BadChain);
         };
         let start = scratch.descs.len();
         scratch.walk.clear();
         let mut bad = None;
-        if !fmt.indirect && head_is_indirect(hm, ring.desc, ring.size, head) {
+        let (end, indirect) = ring.walk(hm, &head, qsize, &mut scratch.walk);
+        if !fmt.indirect && indirect {
             bad = Some(RxError::BadChain);
         } else {
-            match walk_chain(
-                hm,
-                ring.desc,
-                ring.size,
-                head,
-                usize::from(ring.size),
-                &mut scratch.walk,
-            ) {
+            match end {
                 WalkEnd::Complete if !scratch.walk.is_empty() => {}
                 _ => bad = Some(RxError::BadChain),
             }
@@ -199,7 +197,7 @@ pub fn write_frame_in(
                 } else if scratch.descs.len() == MAX_DESCS_PER_FRAME {
                     // A good chain, but one too many for this frame: leave it posted.
                     scratch.descs.truncate(start);
-                    ring.unpop(scratch.chains.len() as u16 + 1);
+                    ring.rewind(scratch.chains.first().map_or(&head, |c| &c.0));
                     return Err(RxError::TooFragmented);
                 } else {
                     scratch.descs.push((d.addr, d.len as usize));
@@ -209,15 +207,16 @@ pub fn write_frame_in(
         }
         if let Some(e) = bad {
             // A malformed chain is returned unused; the frame is lost, the queue goes
-            // on. (A head outside the table can never be returned: it is skipped.)
+            // on. (A split head outside the table can never be returned: it is
+            // skipped.)
             scratch.descs.truncate(start);
-            ring.put_used(hm, head, 0);
+            ring.put_used(hm, &head, 0);
             return_unused(ring, hm, &scratch.chains);
             return Err(e);
         }
         scratch.chains.push((head, scratch.descs.len() - start));
         if !fmt.mrg_rxbuf && have < need {
-            ring.unpop(1);
+            ring.rewind(&head);
             return Err(RxError::BufferTooSmall { have, need });
         }
     }
@@ -262,17 +261,17 @@ pub fn write_frame_in(
     // Every entry first, then the index once, past all of them: the guest (or a
     // gsonet killed mid-frame) never sees a frame with fewer buffers than its
     // `num_buffers`.
-    let base = ring.next_used;
-    for (&(h, _), &w) in chains.iter().zip(written.iter()) {
+    let base = ring.used_pos();
+    for ((h, _), &w) in chains.iter().zip(written.iter()) {
         if !ring.put_used(hm, h, w as u32) {
             // The used ring is not writable guest memory: the queue is broken,
             // nothing was published.
-            ring.next_used = base;
+            ring.rewind_used(base);
             return Err(RxError::BadAddress);
         }
     }
     if publish && !ring.publish_used(hm) {
-        ring.next_used = base;
+        ring.rewind_used(base);
         return Err(RxError::BadAddress);
     }
     Ok(chains.len())
@@ -337,11 +336,18 @@ where
 }
 
 /// Hands back claimed chains with nothing written, and publishes them.
-fn return_unused(ring: &mut SplitRing, hm: &HostMem<'_>, chains: &[(u16, usize)]) {
-    for &(head, _) in chains {
+fn return_unused(ring: &mut Vq, hm: &HostMem<'_>, chains: &[(Head, usize)]) {
+    for (head, _) in chains {
         ring.put_used(hm, head, 0);
     }
     ring.publish_used(hm);
+}
+
+/// Gives claimed chains back to the ring untouched: the next frame claims them.
+fn give_back_all(ring: &mut Vq, chains: &[(Head, usize)]) {
+    if let Some((first, _)) = chains.first() {
+        ring.rewind(first);
+    }
 }
 
 #[cfg(test)]
@@ -460,7 +466,7 @@ mod tests {
             tail: &tail,
         };
         let hm = HostMem::new(&m);
-        let mut ring = SplitRing::of(&q);
+        let mut ring = Vq::of(&q, false);
         let fmt = RxFormat {
             hdr_len: 12,
             mrg_rxbuf: true,
@@ -493,7 +499,7 @@ mod tests {
             head: &head,
             tail: &tail,
         };
-        let mut ring = SplitRing::of(&q);
+        let mut ring = Vq::of(&q, false);
         let r = write_frame_in(
             &mut ring,
             &hm,
@@ -741,7 +747,7 @@ mod tests {
             assert_eq!(idx, 3);
             let last: [u32; 2] = m.read_obj(GuestAddress(used_at + 4 + 2 * 8)).unwrap();
             assert_eq!(last, [2, 512]);
-            let ring = SplitRing::of(&q);
+            let ring = crate::ring::split::SplitRing::of(&q);
             let since = std::num::Wrapping(0);
             assert_eq!(
                 ring.wants_call(&HostMem::new(&m), since),
@@ -749,5 +755,71 @@ mod tests {
                 "used_event {used_event}"
             );
         }
+    }
+
+    #[test]
+    fn a_packed_ring_takes_frames_across_its_end_and_shows_them_at_the_publish() {
+        use crate::ring::packed::PackedRing;
+        use crate::testkit::packed_driver::Driver;
+        let m = mem();
+        let hm = HostMem::new(&m);
+        // A ring of 4: the buffers of the second round sit across its end.
+        let mut d = Driver::new(&m, 0x8000, 4);
+        let mut vq = Vq::Packed {
+            ring: PackedRing::new(d.ring, d.driver_area, d.device_area, 4, false),
+            store: Vec::new(),
+        };
+        let fmt = RxFormat {
+            hdr_len: 12,
+            mrg_rxbuf: true,
+            indirect: true,
+        };
+        let mut scratch = RxScratch::default();
+        let hdr = VirtioNetHdr::default();
+        for round in 0..3u64 {
+            // One buffer of two descriptors (500 + 500), then one of 1000.
+            let base = 0x10000 + round * 0x4000;
+            d.add(&m, &[(base, 500, true), (base + 0x1000, 500, true)]);
+            d.add(&m, &[(base + 0x2000, 1000, true)]);
+            let frame = pattern(1400 + round as usize);
+            let src = Source::Own(&[&frame]);
+            let r = write_frame_in(&mut vq, &hm, &mut scratch, &hdr, fmt, src, false);
+            assert_eq!(r, Ok(2), "round {round}");
+            // Recorded, not visible yet.
+            assert_eq!(d.get_used(&m), None);
+            assert!(vq.publish_used(&hm));
+            let a = d.get_used(&m).expect("first buffer used");
+            let b = d.get_used(&m).expect("second buffer used");
+            assert_eq!((a.1, b.1), (1000, 412 + round as u32));
+            let mut got = vec![0u8; 1412 + round as usize];
+            m.read_slice(&mut got[..500], GuestAddress(base)).unwrap();
+            m.read_slice(&mut got[500..1000], GuestAddress(base + 0x1000))
+                .unwrap();
+            m.read_slice(&mut got[1000..], GuestAddress(base + 0x2000))
+                .unwrap();
+            let h = VirtioNetHdr::from_bytes(got[..12].try_into().unwrap()).unwrap();
+            assert_eq!(h.num_buffers, 2);
+            assert_eq!(&got[12..], &frame[..]);
+        }
+        // Nothing posted: the frame is refused and nothing is taken.
+        let frame = pattern(100);
+        let src = Source::Own(&[&frame]);
+        let r = write_frame_in(&mut vq, &hm, &mut scratch, &hdr, fmt, src, true);
+        assert_eq!(r, Err(RxError::NoBuffers));
+        // A buffer too small without MRG_RXBUF stays posted for the next frame.
+        let id = d.add(&m, &[(0x30000, 64, true)]);
+        let small = RxFormat {
+            mrg_rxbuf: false,
+            ..fmt
+        };
+        let r = write_frame_in(&mut vq, &hm, &mut scratch, &hdr, small, src, true);
+        assert!(matches!(r, Err(RxError::BufferTooSmall { .. })));
+        let tiny = pattern(40);
+        let src = Source::Own(&[&tiny]);
+        assert_eq!(
+            write_frame_in(&mut vq, &hm, &mut scratch, &hdr, small, src, true),
+            Ok(1)
+        );
+        assert_eq!(d.get_used(&m), Some((id, 52)));
     }
 }

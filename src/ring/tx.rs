@@ -8,7 +8,8 @@ use thiserror::Error;
 
 use super::guest_mem::BadRange;
 use super::host::HostMem;
-use super::split::{walk_chain, Desc, SplitRing, WalkEnd};
+use super::split::{Desc, WalkEnd};
+use super::vq::{Head, Vq};
 use crate::stats::DropReason;
 use crate::vnet_hdr::{HdrError, VirtioNetHdr, HDR_LEN};
 
@@ -204,17 +205,17 @@ impl GuestTail<'_> {
 
 /// One chain of a batch between its walk and its copy.
 struct Walked {
-    head: u16,
+    head: Head,
     descs: std::ops::Range<usize>,
     bytes: Result<usize, TxError>,
 }
 
-/// A batch of TX chains taken off a split ring: each chain walked, checked and
-/// copied into the batch's own arena (a one-copy frame: its head only), then handed
-/// back with [`TxBatch::give_back`] once its frames are sent. What the batch keeps is
-/// bounded whatever the guest's chains look like: `max_chains` heads, the arena's
-/// bytes, and `4 * max_chains` descriptors walked (plus the last chain's, at most a
-/// queue's worth), which also bounds `pieces`.
+/// A batch of TX chains taken off a ring (`Vq`, split or packed): each chain walked,
+/// checked and copied into the batch's own arena (a one-copy frame: its head only),
+/// then handed back with [`TxBatch::give_back`] once its frames are sent. What the
+/// batch keeps is bounded whatever the guest's chains look like: `max_chains` heads,
+/// the arena's bytes, and `4 * max_chains` descriptors walked (plus the last chain's,
+/// at most a queue's worth), which also bounds `pieces`.
 pub struct TxBatch {
     /// The frames' private bytes; `frames` says where each one is.
     pub arena: Vec<u8>,
@@ -225,7 +226,7 @@ pub struct TxBatch {
     /// Chains of at least this many bytes are one-copy frames (`None`: none is).
     one_copy_from: Option<usize>,
     max_chains: usize,
-    heads: Vec<u16>,
+    heads: Vec<Head>,
     /// The batch's descriptors as walked, chain after chain.
     walk: Vec<Desc>,
     walked: Vec<Walked>,
@@ -256,22 +257,16 @@ impl TxBatch {
         self.one_copy_from = from.map(|f| f.max(ONE_COPY_HEAD + 1));
     }
 
-    /// Takes up to `max` (and `max_chains`) of the `pending` chains the ring has
-    /// available, replacing `frames`; a chain that would not fit the arena, or one
-    /// past the walk budget, stays on the ring for the next batch. Returns how many
-    /// chains were taken: each needs [`TxBatch::give_back`] before the ring is
-    /// published or let go. Three passes, so the lines the frontend's CPU wrote
-    /// (descriptors, then buffers) are asked for the whole batch at once rather than
-    /// one stall after another: the heads (their descriptors prefetched), the walks
-    /// (their buffers prefetched), the copies.
-    pub fn take(
-        &mut self,
-        ring: &mut SplitRing,
-        hm: &HostMem<'_>,
-        pending: u16,
-        hdr_len: usize,
-        max: usize,
-    ) -> usize {
+    /// Takes up to `max` (and `max_chains`) of the chains the ring has available,
+    /// replacing `frames`; a chain that would not fit the arena, or one past the walk
+    /// budget, stays on the ring for the next batch. Returns how many chains were
+    /// taken: each needs [`TxBatch::give_back`] before the ring is published or let
+    /// go. Three passes, so the lines the frontend's CPU wrote (descriptors, then
+    /// buffers) are asked for the whole batch at once rather than one stall after
+    /// another: the heads (a split ring's descriptors prefetched; a packed ring's
+    /// are walked as they are taken), the walks (their buffers prefetched), the
+    /// copies.
+    pub fn take(&mut self, ring: &mut Vq, hm: &HostMem<'_>, hdr_len: usize, max: usize) -> usize {
         let TxBatch {
             arena,
             frames,
@@ -287,10 +282,12 @@ impl TxBatch {
         heads.clear();
         walk.clear();
         walked.clear();
-        let qsize = usize::from(ring.size);
-        for _ in 0..usize::from(pending).min(max).min(*max_chains) {
-            let Some(head) = ring.pop(hm) else { break };
-            ring.prefetch_desc(hm, head);
+        ring.clear();
+        let qsize = usize::from(ring.size());
+        for _ in 0..max.min(*max_chains) {
+            let Some(head) = ring.take(hm, qsize) else {
+                break;
+            };
             heads.push(head);
         }
         // Bytes a chain of `total` keeps in the arena.
@@ -300,20 +297,20 @@ impl TxBatch {
         };
         let walk_budget = 4 * *max_chains;
         let mut planned = 0usize;
-        for (i, &head) in heads.iter().enumerate() {
+        for head in heads.iter() {
             if walk.len() >= walk_budget {
-                ring.unpop((heads.len() - i) as u16);
+                ring.rewind(head);
                 break;
             }
             let start = walk.len();
-            let end = walk_chain(hm, ring.desc, ring.size, head, qsize, walk);
+            let (end, _) = ring.walk(hm, head, qsize, walk);
             let bytes = chain_bytes(&walk[start..], end, qsize);
             if let Ok(total) = bytes {
                 // A one-copy frame counts whole too: a batch holds as many bytes of
                 // the guest's frames either way, and its chains go back as soon.
                 if planned + total > arena.len() {
                     walk.truncate(start);
-                    ring.unpop((heads.len() - i) as u16);
+                    ring.rewind(head);
                     break;
                 }
                 planned += total;
@@ -322,7 +319,7 @@ impl TxBatch {
                 }
             }
             walked.push(Walked {
-                head,
+                head: *head,
                 descs: start..walk.len(),
                 bytes,
             });
@@ -356,11 +353,11 @@ impl TxBatch {
     /// the caller publishes them), once nothing reads their buffers any more: a
     /// one-copy frame's tail is read until its frame is sent. Returns how many heads
     /// could not be handed back (outside the ring, or the used ring unmapped).
-    pub fn give_back(&mut self, ring: &mut SplitRing, hm: &HostMem<'_>) -> usize {
+    pub fn give_back(&mut self, ring: &mut Vq, hm: &HostMem<'_>) -> usize {
         self.pieces.clear();
         self.walked
             .drain(..)
-            .filter(|c| !ring.put_used(hm, c.head, 0))
+            .filter(|c| !ring.put_used(hm, &c.head, 0))
             .count()
     }
 }

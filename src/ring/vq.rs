@@ -1,11 +1,15 @@
 //! One virtqueue of either layout, split or packed, as a batch works it: take a
 //! buffer (its head, then its descriptors), give buffers back, record used entries,
-//! publish them, decide the call. `ring::tx` and `ring::rx` are to take a `Vq` where
-//! they take a `SplitRing` today; the split arm only forwards to `SplitRing`, so the
-//! split datapath stays what it is.
+//! publish them, decide the call. `ring::tx` and `ring::rx` take a `Vq`; the split
+//! arm only forwards to `SplitRing`, so the split datapath stays what it is.
 //!
-//! Not wired yet: nothing constructs a `Vq` outside its tests (docs/architecture.md,
-//! "Packed rings").
+//! A packed ring's used position is not taken from the vring's queue: vhost-user's
+//! SET_VRING_ADDR (vhost-user-backend 0.24) sets it from what would be a split
+//! ring's used index, which in a packed ring is the device's event flags, and
+//! SET_VRING_BASE keeps the avail half only. gsonet hands back every buffer it takes
+//! before it lets go of the vring (TX within its batch; RX with the frame's used
+//! entries, published later from the port's RX slot), so between two holds of the
+//! vring the used position is the avail one, and that is what `Vq::of` takes.
 //!
 //! The two layouts differ in where a buffer's descriptors are: behind a split
 //! ring's head index in the descriptor table, in the packed ring's own slots from
@@ -64,8 +68,10 @@ impl Vq {
     /// VIRTIO_F_RING_PACKED.
     pub fn of<Q: QueueT>(q: &Q, packed: bool) -> Vq {
         if packed {
+            let mut ring = PackedRing::of(q);
+            ring.next_used = ring.next_avail;
             Vq::Packed {
-                ring: PackedRing::of(q),
+                ring,
                 store: Vec::new(),
             }
         } else {
@@ -108,6 +114,82 @@ impl Vq {
                 Some(n > 0)
             }
             Vq::Packed { ring, .. } => ring.has_avail(hm),
+        }
+    }
+
+    /// Whether this is a packed ring.
+    pub fn is_packed(&self) -> bool {
+        matches!(self, Vq::Packed { .. })
+    }
+
+    /// The packed ring, for what only it has (its event structures).
+    pub fn packed_ring(&self) -> Option<&PackedRing> {
+        match self {
+            Vq::Packed { ring, .. } => Some(ring),
+            Vq::Split { .. } => None,
+        }
+    }
+
+    /// Whether a ring kept between holds of the vring (a packed RX ring with used
+    /// entries not published yet) is still `q`'s ring as it stands. A split ring
+    /// keeps nothing: false.
+    pub fn keeps<Q: QueueT>(&self, q: &Q) -> bool {
+        match self {
+            Vq::Packed { ring, .. } => ring.unpublished() > 0 && ring.is_of(q),
+            Vq::Split { .. } => false,
+        }
+    }
+
+    /// `Vq::of` in the same layout, into this value (a packed ring's buffers are
+    /// kept; its unpublished entries are dropped).
+    pub fn reload<Q: QueueT>(&mut self, q: &Q) {
+        match self {
+            Vq::Packed { ring, store } => {
+                ring.reload(q);
+                ring.next_used = ring.next_avail;
+                store.clear();
+            }
+            Vq::Split { .. } => *self = Vq::of(q, false),
+        }
+    }
+
+    /// Buffers available as last seen, for a writer of many frames (RX): a split
+    /// ring's avail index is read again only when the one read last shows nothing
+    /// left (`SplitRing::pending_cached`); a packed ring says 1 if the buffer at its
+    /// avail position is available (it cannot tell more without walking). `None`
+    /// for a broken ring.
+    pub fn pending_cached(&mut self, hm: &HostMem<'_>) -> Option<u16> {
+        match self {
+            Vq::Split { ring, .. } => ring.pending_cached(hm),
+            Vq::Packed { ring, .. } => ring.has_avail(hm).map(u16::from),
+        }
+    }
+
+    /// `pending_cached`, read anew.
+    pub fn pending_fresh(&mut self, hm: &HostMem<'_>) -> Option<u16> {
+        match self {
+            Vq::Split { ring, .. } => ring.pending_fresh(hm),
+            Vq::Packed { ring, .. } => ring.has_avail(hm).map(u16::from),
+        }
+    }
+
+    /// Takes the next buffer, which the caller knows is available (from
+    /// `pending_cached`), walking at most `max` of its descriptors if the layout
+    /// walks it now (packed). `None` if the ring cannot be read there.
+    pub fn take_next(&mut self, hm: &HostMem<'_>, max: usize) -> Option<Head> {
+        match self {
+            Vq::Split { ring, pending } => {
+                let at = ring.next_avail.0;
+                let id = ring.pop(hm)?;
+                *pending = pending.map(|n| n.saturating_sub(1));
+                Some(Head {
+                    at,
+                    id,
+                    slots: 1,
+                    walked: None,
+                })
+            }
+            Vq::Packed { .. } => self.take(hm, max),
         }
     }
 
@@ -236,6 +318,18 @@ impl Vq {
             (Vq::Split { ring, .. }, UsedPos::Split(at)) => ring.next_used = at,
             (Vq::Packed { ring, .. }, UsedPos::Packed(m)) => ring.rewind_used(m),
             _ => {}
+        }
+    }
+
+    /// Asks the driver to kick when it adds buffers past those it has now (an RX
+    /// queue whose buffers were too few for a frame): `SplitRing::ask_kick`; a
+    /// packed ring asks for a kick at every buffer (`PackedRing::ask_kick`). True
+    /// when buffers may have come meanwhile (worth another try); `None` for an
+    /// unmapped ring.
+    pub fn ask_kick(&self, hm: &HostMem<'_>) -> Option<bool> {
+        match self {
+            Vq::Split { ring, .. } => ring.ask_kick(hm),
+            Vq::Packed { ring, .. } => ring.ask_kick(hm),
         }
     }
 

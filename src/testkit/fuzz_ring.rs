@@ -22,6 +22,7 @@ use crate::ring::rx::{write_frame, write_frame_in, RxError, RxFormat, RxScratch,
 use crate::ring::rx::{MAX_CHAINS_PER_FRAME, MAX_DESCS_PER_FRAME};
 use crate::ring::split::{walk_chain, SplitRing, WalkEnd};
 use crate::ring::tx::{TxBatch, TxError, MAX_FRAME, MIN_FRAME, ONE_COPY_HEAD};
+use crate::ring::vq::Vq;
 use crate::ring::GuestMem;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
@@ -298,9 +299,13 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
     let hdr_len = mode.hdr_len();
     let max_descs = usize::from(q.size());
     let hm = HostMem::new(m);
-    let mut split = SplitRing::of(q);
+    let mut vq = Vq::of(q, false);
+    let split = |vq: &Vq| match vq {
+        Vq::Split { ring, .. } => *ring,
+        Vq::Packed { .. } => unreachable!("a split ring"),
+    };
     let chains = prewalk(ring, m, q.next_avail(), usize::from(q.size()) + 1);
-    let pending = split.pending(&hm);
+    let pending = split(&vq).pending(&hm);
     let in_range = q
         .avail_idx(m, std::sync::atomic::Ordering::Acquire)
         .is_ok_and(|a| (a - std::num::Wrapping(q.next_avail())).0 <= q.size());
@@ -333,11 +338,11 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
         let next = prewalk(
             ring,
             m,
-            split.next_avail.0,
+            split(&vq).next_avail.0,
             usize::from(left).min(FUZZ_BATCH_CHAINS),
         );
         for c in &next {
-            check_walk(&hm, &split, c, max_descs);
+            check_walk(&hm, &split(&vq), c, max_descs);
         }
         // Only chains short enough to become frames are read: the others are never
         // compared, and reading them would cost gigabytes a batch.
@@ -358,8 +363,8 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
                     .collect()
             })
             .collect();
-        let used_at = split.next_used;
-        let taken = batch.take(&mut split, &hm, left, hdr_len, usize::MAX);
+        let used_at = split(&vq).next_used;
+        let taken = batch.take(&mut vq, &hm, hdr_len, usize::MAX);
         assert!(taken > 0, "a batch takes at least one chain");
         assert_eq!(taken, batch.frames.len());
         left -= taken as u16;
@@ -381,7 +386,7 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
                 b
             })
             .collect();
-        let bad_heads = batch.give_back(&mut split, &hm);
+        let bad_heads = batch.give_back(&mut vq, &hm);
         // Where the next chain's bytes go: chains are laid out in ring order.
         let mut at = 0usize;
         let mut outside = 0usize;
@@ -445,8 +450,9 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
                 at += keep(total);
             }
             // Its used entry names it, unless its head is outside the ring.
-            if want.head < split.size {
-                let slot = u64::from((used_at.0.wrapping_add((k - outside) as u16)) % split.size);
+            if want.head < split(&vq).size {
+                let slot =
+                    u64::from((used_at.0.wrapping_add((k - outside) as u16)) % split(&vq).size);
                 let mut elem = [0u8; 8];
                 m.read_slice(&mut elem, GuestAddress(ring.used + 4 + 8 * slot))
                     .unwrap();
@@ -463,8 +469,8 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
         );
     }
     assert!(wants.next().is_none(), "every available chain was taken");
-    assert!(split.publish_used(&hm));
-    split.store(q);
+    assert!(vq.publish_used(&hm));
+    vq.store(q);
     assert_eq!(
         q.next_avail(),
         q.next_used()
@@ -539,9 +545,12 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
         }
         let r = if mode.deferred {
             let hm = HostMem::new(m);
-            let mut split = SplitRing::of(q);
+            let mut vq = Vq::of(q, false);
             let src = Source::Own(&parts);
-            let r = write_frame_in(&mut split, &hm, &mut scratch, hdr, fmt, src, false);
+            let r = write_frame_in(&mut vq, &hm, &mut scratch, hdr, fmt, src, false);
+            let Vq::Split { ring: split, .. } = &vq else {
+                unreachable!("a split ring")
+            };
             // A claimed buffer over the used index holds frame bytes there.
             let claimed = usize::from((split.next_avail - std::num::Wrapping(next_avail)).0);
             let idx = (ring.used + 2, ring.used + 4);
@@ -560,8 +569,8 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
                     "a frame was published before its batch ended"
                 );
             }
-            assert!(split.publish_used(&hm), "the used ring is mapped");
-            split.store(q);
+            assert!(vq.publish_used(&hm), "the used ring is mapped");
+            vq.store(q);
             r
         } else {
             write_frame(q, m, &mut scratch, hdr, fmt, &parts)

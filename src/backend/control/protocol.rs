@@ -108,6 +108,9 @@ pub struct PortReport {
     /// What the guest may send (HOST_* acked).
     pub guest_tx: Option<Caps>,
     pub mrg_rxbuf: Option<bool>,
+    /// The feature word the frontend acked (vhost-user ports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acked: Option<u64>,
     pub max_burst: Option<usize>,
     /// Access VLAN; absent: the untagged domain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -234,6 +237,7 @@ mod tests {
                 guest_rx: Some(Caps::default()),
                 guest_tx: None,
                 mrg_rxbuf: Some(true),
+                acked: Some(0x1_3000_0000),
                 max_burst: None,
                 vlan: Some(10),
                 mem_regions: 3,

@@ -450,6 +450,7 @@ mod tests {
             guest_rx: None,
             guest_tx: None,
             mrg_rxbuf: None,
+            acked: None,
             max_burst: None,
             vlan: None,
             mem_regions: 0,

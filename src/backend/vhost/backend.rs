@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tracing::info;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost_user_backend::{VhostUserBackend, VringT};
+use vhost_user_backend::VhostUserBackend;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -215,7 +215,7 @@ impl PortBackend {
             let after = Duration::from_micros(u64::from(us));
             if w.timer.as_ref().is_none_or(|t| t.arm(after).is_err()) {
                 // Without the timer nothing would look at the queue again.
-                let _ = txq.enable_notification();
+                self.port.kicks_on(txq);
             }
         }
     }
@@ -324,7 +324,7 @@ impl VhostUserBackend for PortBackend {
                 // Its next refills need no kick until the queue runs out again
                 // (`Port::receive` turns kicks back on then).
                 if let Some(rxq) = vrings.first() {
-                    let _ = rxq.disable_notification();
+                    self.port.kicks_off(rxq);
                 }
                 self.port.stats.rx_kicks.fetch_add(1, Relaxed);
                 self.port.rx_refilled();

@@ -4,7 +4,6 @@
 //! poll) no longer asks for the call then, and takes one interrupt less.
 
 use std::io;
-use std::num::Wrapping;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use virtio_queue::QueueT;
 
 use super::port::{Port, Vring};
 use crate::ring::host::HostMem;
-use crate::ring::split::SplitRing;
+use crate::ring::vq::{UsedPos, Vq};
 use crate::sys::timer::OneShotTimer;
 
 /// The TX completion state of one queue worker; only that worker touches it.
@@ -23,9 +22,9 @@ pub struct TxCompletion {
     armed: bool,
     /// Chains used since the guest's wish was last looked at.
     unannounced: usize,
-    /// The used index when the guest's wish was last looked at (`None`: not since
-    /// this worker started).
-    announced: Option<Wrapping<u16>>,
+    /// The used position when the guest's wish was last looked at (`None`: not
+    /// since this worker started).
+    announced: Option<UsedPos>,
 }
 
 impl TxCompletion {
@@ -89,8 +88,8 @@ impl TxCompletion {
         self.unannounced = 0;
         let wants = {
             let st = txq.get_ref();
-            let ring = SplitRing::of(st.get_queue());
-            let since = self.announced.replace(ring.next_used);
+            let ring = Vq::of(st.get_queue(), port.packed());
+            let since = self.announced.replace(ring.used_pos());
             match (port.memory(), since) {
                 (Some(mem), Some(since)) => ring.wants_call(&HostMem::new(&mem), since),
                 _ => true,

@@ -28,6 +28,7 @@ use crate::ring::host::HostMem;
 use crate::ring::rx::{self, RxError, RxFormat, RxScratch, Source};
 use crate::ring::split::SplitRing;
 use crate::ring::tx::GuestTail;
+use crate::ring::vq::{UsedPos, Vq};
 use crate::ring::GuestMem;
 use crate::stats::{Counters, DropReason};
 use crate::vnet_hdr::VirtioNetHdr;
@@ -61,10 +62,14 @@ struct RxSlot {
     scratch: RxScratch,
     /// The guest posted malformed buffers on this queue (until the next connection).
     broken: bool,
-    /// The used index when the guest's wish for a call was last looked at.
-    announced: Option<Wrapping<u16>>,
+    /// The used position when the guest's wish for a call was last looked at.
+    announced: Option<UsedPos>,
     /// Frames were written whose used entries are not published yet.
     unpublished: bool,
+    /// A packed ring's state between holds of the vring: the used entries written
+    /// and not published yet live in it (a split ring has them in guest memory,
+    /// behind its used index), and its buffers are reused from write to write.
+    packed: Option<Vq>,
     /// The avail index read last and the avail ring it was read from, kept until
     /// the next publish (the end of the sender's batch, or before a ring moves or
     /// stops): the frames of one batch read the driver's index line once.
@@ -81,9 +86,44 @@ impl RxSlot {
         let (Some(v), Some(mem)) = (&self.vring, mem) else {
             return;
         };
-        let ring = SplitRing::of(v.get_ref().get_queue());
-        ring.publish_used(&HostMem::new(mem));
+        let hm = HostMem::new(mem);
+        match self.packed.as_mut() {
+            Some(vq) => {
+                vq.publish_used(&hm);
+            }
+            None => {
+                SplitRing::of(v.get_ref().get_queue()).publish_used(&hm);
+            }
+        }
     }
+}
+
+/// The RX ring to write frames into, under the vring's lock: a split ring from the
+/// queue, or the packed ring kept since the last write (`kept`, its unpublished used
+/// entries with it) while it is still the queue's ring.
+fn rx_ring<Q: QueueT>(kept: &mut Option<Vq>, q: &Q, packed: bool) -> Vq {
+    if !packed {
+        *kept = None;
+        return Vq::of(q, false);
+    }
+    match kept.take() {
+        Some(mut vq) => {
+            if !vq.keeps(q) {
+                // Moved or restarted since: the relay published before the
+                // frontend's request, so nothing is left to write.
+                vq.reload(q);
+            }
+            vq
+        }
+        None => Vq::of(q, true),
+    }
+}
+
+/// The feature word port `cfg` offers under `mask`: VIRTIO_F_RING_PACKED with
+/// `packed=on` only.
+fn port_offer(mask: &FeatureMask, cfg: &PortConfig) -> u64 {
+    let packed = if cfg.packed { features::RING_PACKED } else { 0 };
+    features::offer(mask, cfg.queues) | packed
 }
 
 /// State shared by the port's workers, the switch, and the uplink readers.
@@ -154,7 +194,7 @@ impl Port {
         let pairs = cfg.queues as usize;
         Ok(Port {
             id,
-            offer: RwLock::new((cfg.mask, features::offer(&cfg.mask, cfg.queues))),
+            offer: RwLock::new((cfg.mask, port_offer(&cfg.mask, &cfg))),
             negotiated: ArcSwapOption::empty(),
             mem: ArcSwapOption::empty(),
             mem_generation: AtomicU64::new(0),
@@ -276,7 +316,7 @@ impl Port {
     /// and keeps them across guest reboots and driver reloads.
     pub fn set_mask(&self, mask: FeatureMask) {
         *self.offer.write().unwrap_or_else(|e| e.into_inner()) =
-            (mask, features::offer(&mask, self.cfg.queues));
+            (mask, port_offer(&mask, &self.cfg));
     }
 
     pub fn negotiated(&self) -> Option<Negotiated> {
@@ -285,6 +325,49 @@ impl Port {
 
     pub fn is_connected(&self) -> bool {
         self.connected.load(Ordering::Acquire)
+    }
+
+    /// Whether the frontend acked VIRTIO_F_RING_PACKED: every queue is a packed ring.
+    pub fn packed(&self) -> bool {
+        self.negotiated.load().as_ref().is_some_and(|n| n.packed)
+    }
+
+    /// Asks the guest not to kick `vring` (a worker is looking at it anyway). A
+    /// packed ring has its own event structure: vhost-user-backend's helper knows
+    /// split rings only, and with EVENT_IDX would write past a packed ring's device
+    /// area.
+    pub fn kicks_off(&self, vring: &Vring) {
+        if !self.packed() {
+            let _ = vring.disable_notification();
+            return;
+        }
+        let (Some(mem), st) = (self.memory(), vring.get_ref()) else {
+            return;
+        };
+        if st.get_queue().ready() {
+            let ring = Vq::of(st.get_queue(), true);
+            if let Some(p) = ring.packed_ring() {
+                p.disable_kicks(&HostMem::new(&mem));
+            }
+        }
+    }
+
+    /// Asks the guest to kick `vring` when it adds buffers; true if some were added
+    /// meanwhile (the caller looks again rather than wait for a kick that may not
+    /// come).
+    pub fn kicks_on(&self, vring: &Vring) -> bool {
+        if !self.packed() {
+            return matches!(vring.enable_notification(), Ok(true));
+        }
+        let (Some(mem), st) = (self.memory(), vring.get_ref()) else {
+            return false;
+        };
+        if !st.get_queue().ready() {
+            return false;
+        }
+        let ring = Vq::of(st.get_queue(), true);
+        ring.packed_ring()
+            .is_some_and(|p| p.enable_kicks(&HostMem::new(&mem)) == Some(true))
     }
 
     pub fn set_connected(&self, up: bool) {
@@ -297,6 +380,8 @@ impl Port {
                     s.vring = None;
                     s.broken = false;
                     s.announced = None;
+                    s.packed = None;
+                    s.unpublished = false;
                 }
             }
             for _ in 0..self.pacer.clear() {
@@ -500,6 +585,7 @@ impl Port {
             broken,
             unpublished,
             avail_seen,
+            packed,
             ..
         } = &mut *slot;
         if *broken {
@@ -512,20 +598,27 @@ impl Port {
         if !state.get_queue().ready() || !state.is_enabled() {
             return Err(RxError::NoBuffers);
         }
+        let mut ring = rx_ring(packed, state.get_queue(), neg.packed);
         let fmt = RxFormat {
             hdr_len: neg.hdr_len(),
             mrg_rxbuf: neg.mrg_rxbuf,
             indirect: neg.indirect_desc,
         };
         let hm = HostMem::new(mem);
-        let mut ring = SplitRing::of(state.get_queue());
-        ring.avail_seen = avail_seen
-            .filter(|(ring_at, _)| *ring_at == ring.avail)
-            .map(|(_, seen)| seen);
+        if let Vq::Split { ring, .. } = &mut ring {
+            ring.avail_seen = avail_seen
+                .filter(|(ring_at, _)| *ring_at == ring.avail)
+                .map(|(_, seen)| seen);
+        }
         if ring.pending_cached(&hm).is_none() {
-            // A ring whose avail index jumped is not written to again until its
-            // device is set up anew: every later frame costs O(1). (A single bad
-            // chain is consumed and counted; the queue goes on.)
+            // A ring whose avail index jumped (or a packed ring whose position is
+            // outside it) is not written to again until its device is set up anew:
+            // every later frame costs O(1). (A single bad chain is consumed and
+            // counted; the queue goes on.) What was written before is still
+            // published.
+            if ring.is_packed() {
+                *packed = Some(ring);
+            }
             *broken = true;
             return Err(RxError::BadChain);
         }
@@ -536,8 +629,8 @@ impl Port {
         for (i, (hdr, src)) in frames.by_ref() {
             let mut r = rx::write_frame_in(&mut ring, &hm, scratch, hdr, fmt, src, false);
             if r == Err(RxError::NoBuffers) {
-                // Ask the guest to kick when it adds buffers (`SplitRing::ask_kick`:
-                // past those it has now, which were too few). Buffers it added since
+                // Ask the guest to kick when it adds buffers (`Vq::ask_kick`: past
+                // those it has now, which were too few). Buffers it added since
                 // the ring was last read may have been added after it looked at that
                 // wish, with no kick to come: they are tried now, or the queue would
                 // count as full, then stalled, while it has room.
@@ -556,7 +649,12 @@ impl Port {
             }
         }
         ring.store(state.get_queue_mut());
-        *avail_seen = ring.avail_seen.map(|seen| (ring.avail, seen));
+        match ring {
+            Vq::Split { ring, .. } => {
+                *avail_seen = ring.avail_seen.map(|seen| (ring.avail, seen));
+            }
+            vq @ Vq::Packed { .. } => *packed = Some(vq),
+        }
         *unpublished |= written > 0;
         if written > 0 {
             self.rx_coalesce.frames(pair, written);
@@ -669,8 +767,8 @@ impl Port {
             let Some(v) = slot.vring.clone() else {
                 return;
             };
-            let ring = SplitRing::of(v.get_ref().get_queue());
-            let since = slot.announced.replace(ring.next_used);
+            let ring = Vq::of(v.get_ref().get_queue(), self.packed());
+            let since = slot.announced.replace(ring.used_pos());
             let wants = match (&mem, since) {
                 (Some(m), Some(since)) => ring.wants_call(&HostMem::new(m), since),
                 _ => true,

@@ -380,6 +380,21 @@ fn answer(front_w: &Mutex<UnixStream>, hdr: &Header, fw: &Firewall) -> bool {
     send(&w, &ack(hdr)).is_ok()
 }
 
+/// GET_VRING_BASE's reply for a packed ring: the vhost crate replies the queue's
+/// 16-bit avail position (index and wrap counter, `ring::packed::Pos::to_base`) and
+/// leaves bits 16-31 zero, where the frontend reads the used position (QEMU takes
+/// it as its own used index and wrap counter, and sends it back in the next
+/// SET_VRING_BASE). A stopped ring of gsonet's has every buffer it took handed back
+/// (`ring::vq`), so the used position is the avail one.
+fn packed_base_reply(payload: &mut [u8]) {
+    // struct vhost_vring_state: index u32, num u32.
+    let Some(num) = payload.get_mut(4..8) else {
+        return;
+    };
+    let avail = u32::from_le_bytes([num[0], num[1], num[2], num[3]]) & 0xffff;
+    num.copy_from_slice(&(avail | avail << 16).to_le_bytes());
+}
+
 /// Relays between `front` (the frontend) and `back` (the vhost crate's handler) for
 /// `port` until either side closes or the firewall refuses a request; returns at once,
 /// the work happens in two threads.
@@ -416,7 +431,10 @@ pub fn spawn(
     thread::Builder::new()
         .name("vu-relay-out".into())
         .spawn(move || {
-            while let Ok(Some(m)) = recv_reply(&mut back_r) {
+            while let Ok(Some(mut m)) = recv_reply(&mut back_r) {
+                if m.hdr.request == req::GET_VRING_BASE && port.packed() {
+                    packed_base_reply(&mut m.payload);
+                }
                 let w = front_w.lock().unwrap_or_else(|e| e.into_inner());
                 if send(&w, &m).is_err() {
                     break;

@@ -23,8 +23,8 @@ use crate::features::Caps;
 use crate::frame::validate::{tx_frame, tx_frame_tail};
 use crate::frame::{gather_whole, Frame};
 use crate::ring::host::HostMem;
-use crate::ring::split::SplitRing;
 use crate::ring::tx::{self, GuestTail, TxBatch, TxError};
+use crate::ring::vq::Vq;
 use crate::ring::GuestMem;
 use crate::stats::DropReason;
 use crate::sys::timer::OneShotTimer;
@@ -265,14 +265,14 @@ fn take_and_send(
     }
     let q = st.get_queue_mut();
     let hm = HostMem::new(mem);
-    let mut ring = SplitRing::of(q);
-    let Some(pending) = ring.pending(&hm) else {
+    let mut ring = Vq::of(q, s.packed);
+    if ring.has_avail(&hm).is_none() {
         return Take::Broken;
-    };
+    }
     let one_copy = port.cfg.one_copy && w.one_copy_pause == 0;
     w.one_copy_pause = w.one_copy_pause.saturating_sub(1);
     w.batch.set_one_copy(one_copy.then_some(ONE_COPY_FROM));
-    let n = w.batch.take(&mut ring, &hm, pending, hdr_len, max);
+    let n = w.batch.take(&mut ring, &hm, hdr_len, max);
     let one_copy_frames = w.batch.one_copy_frames();
     w.ctx.made_whole = 0;
     let (bad_heads, published) = if one_copy_frames == 0 {
@@ -305,7 +305,7 @@ fn take_and_send(
 
 /// Hands the batch's chains back and publishes them: the heads that could not be
 /// handed back, and whether the used index could be written.
-fn give_back(ring: &mut SplitRing, hm: &HostMem<'_>, w: &mut TxWorker) -> (usize, bool) {
+fn give_back(ring: &mut Vq, hm: &HostMem<'_>, w: &mut TxWorker) -> (usize, bool) {
     let bad_heads = w.batch.give_back(ring, hm);
     (bad_heads, ring.publish_used(hm))
 }
@@ -331,10 +331,11 @@ pub fn drain(
         switch,
         pair,
         tx_caps: neg.tx,
+        packed: neg.packed,
     };
     let mut popped = 0;
     loop {
-        let _ = txq.disable_notification();
+        port.kicks_off(txq);
         // Its own `rate=` (checked per chain) or a destination's `rx_rate=` lately:
         // one chain per take, so a hold stops right at the frame that went over.
         let max = if w.paced || port.rate().is_some() {
@@ -405,16 +406,14 @@ pub fn drain(
             w.look_again_for_held(switch);
             return DrainEnd::Poll;
         }
-        if done >= WATCH_AFTER && watch(txq, &mem, port.cfg.busy_poll_us) {
+        if done >= WATCH_AFTER && watch(txq, &mem, port.cfg.busy_poll_us, neg.packed) {
             continue;
         }
-        match txq.enable_notification() {
-            Ok(true) => continue, // more arrived while notifications were off
-            _ => {
-                w.look_again_for_held(switch);
-                return DrainEnd::Kicks;
-            }
+        if port.kicks_on(txq) {
+            continue; // more arrived while notifications were off
         }
+        w.look_again_for_held(switch);
+        return DrainEnd::Kicks;
     }
 }
 
@@ -424,7 +423,7 @@ pub fn drain(
 /// as a frame is there. Between looks the CPU goes to any other runnable thread (on
 /// a host with few CPUs, the guest's vCPU or another port's worker), so the watch
 /// only spends CPU nobody else wants.
-fn watch(txq: &Vring, mem: &GuestMem, us: u32) -> bool {
+fn watch(txq: &Vring, mem: &GuestMem, us: u32, packed: bool) -> bool {
     if us == 0 {
         return false;
     }
@@ -433,15 +432,20 @@ fn watch(txq: &Vring, mem: &GuestMem, us: u32) -> bool {
         if !st.get_queue().ready() || !st.is_enabled() {
             return false;
         }
-        SplitRing::of(st.get_queue())
+        Vq::of(st.get_queue(), packed)
     };
     let hm = HostMem::new(mem);
     let deadline = Instant::now() + Duration::from_micros(u64::from(us));
+    // A look: the avail index (split) or the next slot's flags (packed).
+    let arrived = |ring: &Vq| match ring {
+        Vq::Split { ring, .. } => ring.avail_idx(&hm).map(|i| i != ring.next_avail),
+        Vq::Packed { ring, .. } => ring.has_avail(&hm),
+    };
     loop {
         for _ in 0..WATCH_SPINS {
-            match ring.avail_idx(&hm) {
-                Some(i) if i != ring.next_avail => return true,
-                Some(_) => std::hint::spin_loop(),
+            match arrived(&ring) {
+                Some(true) => return true,
+                Some(false) => std::hint::spin_loop(),
                 None => return false,
             }
         }
@@ -467,6 +471,8 @@ struct Sender<'a> {
     switch: &'a Switch,
     pair: usize,
     tx_caps: Caps,
+    /// The queues are packed rings.
+    packed: bool,
 }
 
 impl Sender<'_> {

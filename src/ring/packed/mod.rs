@@ -1,10 +1,11 @@
-//! A packed virtqueue (VIRTIO 1.2, 2.8) as the datapath would work it, one batch at a
+//! A packed virtqueue (VIRTIO 1.2, 2.8) as the datapath works it, one batch at a
 //! time: buffers taken off the one descriptor ring, their used entries written in
 //! place and made visible together, the driver's wish for a call read from its event
 //! suppression structure.
 //!
-//! Not wired yet: no port offers VIRTIO_F_RING_PACKED, and neither `ring::tx` nor
-//! `ring::rx` takes a `PackedRing` (docs/architecture.md, "Packed rings").
+//! The TX batch and the RX writer reach it through `ring::vq::Vq` on a port with
+//! `packed=on` whose frontend acked VIRTIO_F_RING_PACKED (docs/architecture.md,
+//! "Packed rings").
 //!
 //! The layout, as the spec gives it:
 //! - one ring of `size` 16-byte descriptors (addr u64, len u32, id u16, flags u16);
@@ -258,6 +259,26 @@ impl PackedRing {
             event_idx: q.event_idx_enabled(),
             unpublished: Vec::new(),
         }
+    }
+
+    /// `of`, into this value: its buffers are kept, its unpublished entries dropped.
+    pub fn reload<Q: QueueT>(&mut self, q: &Q) {
+        let mut unpublished = std::mem::take(&mut self.unpublished);
+        unpublished.clear();
+        *self = PackedRing {
+            unpublished,
+            ..PackedRing::of(q)
+        };
+    }
+
+    /// Whether this is still `q`'s ring as it stands: same addresses and size, the
+    /// avail position `q` holds.
+    pub fn is_of<Q: QueueT>(&self, q: &Q) -> bool {
+        self.desc == q.desc_table()
+            && self.driver == q.avail_ring()
+            && self.device == q.used_ring()
+            && self.size == q.size()
+            && self.next_avail.to_base() == q.next_avail()
     }
 
     /// Puts the positions back into the vring's queue, as vring bases.
@@ -531,6 +552,18 @@ impl PackedRing {
         } else {
             hm.store_u16(self.device + 2, EVENT_ENABLE, Ordering::Release)?;
         }
+        store_load_fence();
+        self.has_avail(hm)
+    }
+
+    /// Asks the driver to kick for every buffer it makes available (ENABLE): a
+    /// queue whose available buffers were too few for what the device has to write.
+    /// With EVENT_IDX a wish at `next_avail` would name a buffer the driver made
+    /// available already, and it would not kick again. Returns whether the buffer
+    /// at `next_avail` is available now (read after a full fence), `None` for a
+    /// broken ring.
+    pub fn ask_kick(&self, hm: &HostMem<'_>) -> Option<bool> {
+        hm.store_u16(self.device + 2, EVENT_ENABLE, Ordering::Release)?;
         store_load_fence();
         self.has_avail(hm)
     }

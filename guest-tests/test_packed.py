@@ -1,0 +1,69 @@
+"""Packed virtqueues (VIRTIO_F_RING_PACKED) with QEMU's virtio-net: guest A on a
+`packed=on` port with `-device virtio-net-pci,...,packed=on`, guest B on a
+`packed=on` port with its default (split) device, both on one gsonet with a tap
+uplink.
+
+- A's device runs packed rings: bit 34 in the guest's
+  `/sys/bus/virtio/devices/*/features` and in the features `gsonet stats` shows
+  acked; B's runs split rings on the same switch (bit 34 offered, not acked).
+- Ping to the host and to B; iperf3 host -> A and A -> host; a random file A -> B
+  and B -> A whose md5 must match (packed TX into split RX and back).
+"""
+
+import os
+
+import pytest
+
+from harness.hostnet import unique_name
+from harness.iperf import iperf3_guest_server, iperf3_host_client
+from harness.pair import guest_pair
+from harness.transfer import transfer_guest_to_guest
+
+SECONDS = int(os.environ.get("GSONET_PACKED_SECONDS", "3"))
+RING_PACKED = 34
+
+
+@pytest.fixture(scope="module")
+def pk(guest_env, tmp_path_factory):
+    with guest_pair(tmp_path_factory.mktemp("packed"), "pk", tap=unique_name("pk"),
+                    port_opts=(",packed=on", ",packed=on"),
+                    props=({"packed": True}, None)) as ns:
+        yield ns
+
+
+def _guest_bit(guest, bit: int) -> bool:
+    """Whether the guest's virtio-net device negotiated feature `bit` (the sysfs
+    features file is one '0'/'1' character per bit, bit 0 first)."""
+    out = guest.run_ok("cat /sys/bus/virtio/devices/*/features")
+    words = [w for w in out.split() if set(w) <= {"0", "1"} and len(w) > bit]
+    assert len(words) == 1, out
+    return words[0][bit] == "1"
+
+
+def test_packed_rings_are_negotiated_beside_a_split_guest(pk):
+    assert _guest_bit(pk.a, RING_PACKED)
+    assert not _guest_bit(pk.b, RING_PACKED)
+    ports = pk.gs.stats()["ports"]
+    assert ports[0]["acked"] >> RING_PACKED & 1, ports[0]
+    assert not ports[1]["acked"] >> RING_PACKED & 1, ports[1]
+    assert "packed rings" in pk.gs.stats_text()
+
+
+@pytest.mark.slow
+def test_a_packed_guest_reaches_the_host_and_a_split_guest(pk, record_measurement):
+    pk.a.run_ok(f"ping -c 3 -W 2 {pk.host_ip}")
+    pk.a.run_ok(f"ping -c 3 -W 2 {pk.ip_b}")
+    pk.b.run_ok(f"ping -c 3 -W 2 {pk.ip_a}")
+    iperf3_guest_server(pk.a)
+    to_a = iperf3_host_client(pk.ip_a, seconds=SECONDS)
+    from_a = iperf3_host_client(pk.ip_a, seconds=SECONDS, reverse=True)
+    assert to_a > 0 and from_a > 0
+    record_measurement("packed.host_to_guest_gbps", round(to_a, 3))
+    record_measurement("packed.guest_to_host_gbps", round(from_a, 3))
+    for src, dst, ip in [(pk.a, pk.b, pk.ip_b), (pk.b, pk.a, pk.ip_a)]:
+        r = transfer_guest_to_guest(src, dst, ip, mib=8)
+        assert r["ok"], (r, pk.gs.stats_text())
+    for i in (0, 1):
+        drops = pk.gs.port_stats(i)["stats"]["drops"]
+        bad = {k: v for k, v in drops.items() if k != "rx_queue_full"}
+        assert not bad, (i, drops, pk.gs.stats_text())
