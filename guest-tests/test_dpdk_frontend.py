@@ -9,7 +9,8 @@ interactive prompt, and compares them with ``gsonet stats --json``.
 - txonly -> tap: DPDK's 64-byte UDP frames reach the tap, parse with scapy and
   are accepted by the host's UDP stack.
 - tap -> rxonly: frames injected into the tap reach DPDK, byte for byte.
-- two DPDK frontends on two ports: gsonet switches A's frames to B only.
+- two DPDK frontends on two ports: gsonet switches A's frames to B only; again
+  with packed rings (``packed_vq=1`` on gsonet ports with ``packed=on``).
 - which offloads virtio_user acks, by default and when testpmd asks for them;
   with TSO acked, a 64 KiB TCP frame from the tap reaches DPDK as one buffer.
 - killing testpmd leaves gsonet serving; a second testpmd attaches.
@@ -48,12 +49,14 @@ PACKET_VNET_HDR = 15
 
 
 def _virtio_user(name: str, sock, fwd: str, *, mac: str | None = None,
-                 args: list[str] | None = None) -> TestPmd:
+                 args: list[str] | None = None, devargs: str = "") -> TestPmd:
     """testpmd with one net_virtio_user port on a gsonet socket, forwarding ``fwd``
-    (txonly, rxonly) from the start."""
+    (txonly, rxonly) from the start; ``devargs`` go on its vdev."""
     vdev = f"net_virtio_user0,path={os.fspath(sock)},queues=1"
     if mac:
         vdev += f",mac={mac}"
+    if devargs:
+        vdev += f",{devargs}"
     return TestPmd(name, [vdev], [f"--forward-mode={fwd}", "--auto-start", *(args or [])])
 
 
@@ -367,6 +370,52 @@ def test_two_frontends_switched(dpdk_env, tmp_path, record_measurement):
         (pa_d, pb_d)
     assert up["rx_frames"] == 0, ("A's frames were flooded to the uplink", up)
     assert not _bad_drops(pa_d, pb_d, up), gs.stats_text()
+
+
+def test_packed_rings_switched(dpdk_env, tmp_path, record_measurement):
+    """Two DPDK frontends with ``packed_vq=1`` on two ``packed=on`` ports: both ack
+    VIRTIO_F_RING_PACKED (bit 34), and A's frames (txonly, 3 s) reach B (rxonly)
+    through packed rings: B counts what gsonet delivered, gsonet took every frame A
+    sent and delivered or counted each."""
+    sa, sb = tmp_path / "a.sock", tmp_path / "b.sock"
+    a_mac, b_mac = "02:00:00:fe:0e:0a", "02:00:00:fe:0e:0b"
+    packed = f"{UNSEALED},packed=on"
+    with Gsonet([f"socket={sa},{packed}", f"socket={sb},mac={b_mac},{packed}"],
+                workdir=tmp_path, name="gsonet-dpdk-packed") as gs:
+        with _virtio_user("pb", sb, "rxonly", mac=b_mac, devargs="packed_vq=1") as b:
+            gs.wait_port(1, True)
+            before, b0 = gs.stats(), b.port_stats()
+            with _virtio_user("pa", sa, "txonly", mac=a_mac, devargs="packed_vq=1",
+                              args=[f"--eth-peer=0,{b_mac}",
+                                    "--tx-ip=10.77.251.1,10.77.251.2"]) as a:
+                gs.wait_port(0, True)
+                time.sleep(3)
+                a.cmd("stop")
+                a1 = a.port_stats()
+
+                def a_drained():
+                    st = gs.stats()
+                    n = st["ports"][0]["stats"]["tx_frames"] - before["ports"][0]["stats"]["tx_frames"]
+                    return n == a1["tx_packets"], st
+                _settle(a_drained)
+                acked = [p["acked"] for p in gs.stats()["ports"]]
+
+            def b_caught_up():
+                st, bs = gs.stats(), b.port_stats()
+                n = st["ports"][1]["stats"]["rx_frames"] - before["ports"][1]["stats"]["rx_frames"]
+                return bs["rx_packets"] - b0["rx_packets"] == n, (st, bs)
+            after, b1 = _settle(b_caught_up)
+    assert all(a >> 34 & 1 for a in acked), [hex(a) for a in acked]
+    pa_d = counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
+    pb_d = counters_delta(before["ports"][1]["stats"], after["ports"][1]["stats"])
+    rx = b1["rx_packets"] - b0["rx_packets"]
+    record_measurement("dpdk.packed.a_to_b.kpps", rx / 3 / 1000)
+    assert pa_d["tx_frames"] > 0 and pa_d["tx_frames"] == a1["tx_packets"], (pa_d, a1)
+    assert rx > 0, (b0, b1)
+    assert rx == pb_d["rx_frames"], (rx, pb_d)
+    assert pa_d["tx_frames"] == pb_d["rx_frames"] + pb_d["drops"].get("rx_queue_full", 0), \
+        (pa_d, pb_d)
+    assert not _bad_drops(pa_d, pb_d), gs.stats_text()
 
 
 def test_tso_frame_to_dpdk(dpdk_env, tmp_path, record_measurement):

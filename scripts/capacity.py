@@ -101,6 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"1-queue rows, a subset of {','.join(cap.ROWS)}")
     ap.add_argument("--rows2q", default="64,1518",
                     help="rows measured again with 2 queues per port ('' for none)")
+    ap.add_argument("--frontend-devargs", default="",
+                    help="more net_virtio_user devargs for the testpmd frontend, e.g. "
+                         "packed_vq=1 (packed rings where the backend offers them: "
+                         "--gsonet packed=BIN@packed=on beside --gsonet split=BIN)")
     ap.add_argument("--bursts", type=int, default=1,
                     help="bursts of 32 frames per port the frontend sends first "
                          "(start tx_first N; default 1)")
@@ -315,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args, logs: Path, bin_dir: Path) -> int:
     cap.NICE = args.nice
+    cap.FRONTEND_DEVARGS = args.frontend_devargs
     binaries = snapshot_binaries(args, bin_dir)
     backends = [lb for lb, _, _ in args.builds] + ([] if args.no_dpdk else ["dpdk"])
     cases = [(r, 1) for r in args.rows] + [(r, 2) for r in args.rows2q]
@@ -327,7 +332,8 @@ def run(args, logs: Path, bin_dir: Path) -> int:
         "host": platform.node(), "kernel": platform.release(), "git": git_head(),
         "binaries": binaries,
         "config": {"rounds": args.rounds, "seconds": args.seconds, "warmup": args.warmup,
-                   "bursts": args.bursts, "nice": args.nice, "rows": args.rows,
+                   "bursts": args.bursts, "nice": args.nice,
+                   "frontend_devargs": args.frontend_devargs, "rows": args.rows,
                    "rows2q": args.rows2q,
                    "testpmd": TESTPMD, "frontend_cpu": cap.FRONTEND_CPU,
                    "backend_cpu": cap.BACKEND_CPU, "macs": [cap.MAC0, cap.MAC1]},

@@ -323,10 +323,16 @@ class DpdkBackend:
         self.tp.stop()
 
 
+# More virtio_user devargs for the testpmd frontend's ports (``packed_vq=1``: it
+# asks for packed rings, which a backend gives if it offers them).
+FRONTEND_DEVARGS = ""
+
+
 def frontend(socks: Sockets, queues: int, log_dir: Path) -> PinnedTestPmd:
     """The testpmd frontend: two net_virtio_user ports, pinned to FRONTEND_CPU; not
     forwarding until ``start_loop``."""
-    vdevs = [f"net_virtio_user{i},path={s},queues={queues},mac={m}"
+    extra = f",{FRONTEND_DEVARGS}" if FRONTEND_DEVARGS else ""
+    vdevs = [f"net_virtio_user{i},path={s},queues={queues},mac={m}{extra}"
              for i, (s, m) in enumerate(((socks.a, MAC0), (socks.b, MAC1)))]
     return PinnedTestPmd("fe", vdevs, ["--nb-cores=1", f"--rxq={queues}", f"--txq={queues}"],
                          cpu=FRONTEND_CPU, log_dir=log_dir)
