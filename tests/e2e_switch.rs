@@ -43,6 +43,20 @@ fn connect(d: &Daemon, port: usize, features: u64) -> TestFrontend {
     fe
 }
 
+/// A guest B (FEATS_B) on `port` with only `bufs` RX buffers of `size` bytes: a
+/// queue that fills.
+fn connect_short(d: &Daemon, port: usize, bufs: usize, size: u32) -> TestFrontend {
+    let opts = FrontendOpts {
+        features: FEATS_B,
+        require_features: true,
+        mem_size: 128 << 20,
+        ..Default::default()
+    };
+    let mut fe = TestFrontend::connect(&d.sockets[port], opts).expect("frontend");
+    fe.post_rx(bufs, size).expect("post rx");
+    fe
+}
+
 /// A small frame from `mac` to everyone, so the switch learns where `mac` is.
 fn hello(fe: &mut TestFrontend, mac: frames::Mac) -> Vec<u8> {
     let flow = Flow::new(mac, frames::BROADCAST, Ips::v4()).ports(68, 67);
@@ -136,14 +150,7 @@ fn learning_flooding_and_broadcast() {
 fn a_stalled_guest_that_refills_without_a_kick_gets_frames_again() {
     let d = Daemon::start(&DaemonSpec::ports(2)).expect("start gsonet");
     let mut a = connect(&d, 0, FEATS_A);
-    let opts = FrontendOpts {
-        features: FEATS_B,
-        require_features: true,
-        mem_size: 128 << 20,
-        ..Default::default()
-    };
-    let mut b = TestFrontend::connect(&d.sockets[1], opts).expect("frontend B");
-    b.post_rx(1, 2048).unwrap();
+    let mut b = connect_short(&d, 1, 1, 2048);
     let hb = hello(&mut b, b_mac());
     recv_where(&mut a, T, |f| f.frame == hb).expect("B's hello at A");
     let udp = |sport: u16| {
@@ -196,14 +203,7 @@ fn a_stalled_guest_that_refills_without_a_kick_gets_frames_again() {
 fn frames_for_a_full_guest_are_held_and_arrive_in_order_as_it_reads() {
     let d = Daemon::start(&DaemonSpec::ports(2)).expect("start gsonet");
     let mut a = connect(&d, 0, FEATS_A);
-    let opts = FrontendOpts {
-        features: FEATS_B,
-        require_features: true,
-        mem_size: 128 << 20,
-        ..Default::default()
-    };
-    let mut b = TestFrontend::connect(&d.sockets[1], opts).expect("frontend B");
-    b.post_rx(4, 2048).unwrap();
+    let mut b = connect_short(&d, 1, 4, 2048);
     let hb = hello(&mut b, b_mac());
     recv_where(&mut a, T, |f| f.frame == hb).expect("B's hello at A");
     let sent: Vec<_> = (0..48u16)
@@ -247,14 +247,7 @@ fn frames_for_a_full_guest_are_held_and_arrive_in_order_as_it_reads() {
 fn a_full_guest_that_never_reads_does_not_hold_up_its_senders_other_frames() {
     let d = Daemon::start(&DaemonSpec::ports(3)).expect("start gsonet");
     let mut a = connect(&d, 0, FEATS_A);
-    let opts = FrontendOpts {
-        features: FEATS_B,
-        require_features: true,
-        mem_size: 128 << 20,
-        ..Default::default()
-    };
-    let mut b = TestFrontend::connect(&d.sockets[1], opts).expect("frontend B");
-    b.post_rx(2, 2048).unwrap();
+    let mut b = connect_short(&d, 1, 2, 2048);
     let mut c = connect(&d, 2, FEATS_B);
     let c_mac = frames::mac(0xc);
     for (fe, mac) in [(&mut b, b_mac()), (&mut c, c_mac)] {
