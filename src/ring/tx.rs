@@ -5,6 +5,7 @@
 //! into its receiver, and the guest's writes meanwhile change only payload it sends.
 
 use thiserror::Error;
+use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
 
 use super::guest_mem::BadRange;
 use super::host::HostMem;
@@ -303,7 +304,15 @@ impl TxBatch {
                 break;
             }
             let start = walk.len();
-            let (end, _) = ring.walk(hm, head, qsize, walk);
+            let (end, indirect) = ring.walk(hm, head, qsize, walk);
+            if indirect && ring.is_packed() {
+                // DPDK's virtio_user presets every entry of its packed TX indirect
+                // tables device-writable and leaves the header's so; DPDK's vhost
+                // library reads them all. A TX buffer is only read: so does gsonet.
+                for d in &mut walk[start..] {
+                    d.flags &= !(VRING_DESC_F_WRITE as u16);
+                }
+            }
             let bytes = chain_bytes(&walk[start..], end, qsize);
             if let Ok(total) = bytes {
                 // A one-copy frame counts whole too: a batch holds as many bytes of
