@@ -178,7 +178,7 @@ pub fn write_frame_in(
         let start = scratch.descs.len();
         scratch.walk.clear();
         let mut bad = None;
-        let (end, indirect) = ring.walk(hm, &head, qsize, &mut scratch.walk);
+        let (end, indirect) = ring.walk(hm, &head, qsize, &mut scratch.walk, !fmt.indirect);
         if !fmt.indirect && indirect {
             bad = Some(RxError::BadChain);
         } else {

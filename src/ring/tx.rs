@@ -304,8 +304,9 @@ impl TxBatch {
                 break;
             }
             let start = walk.len();
-            let (end, indirect) = ring.walk(hm, head, qsize, walk);
-            if indirect && ring.is_packed() {
+            let packed = ring.is_packed();
+            let (end, indirect) = ring.walk(hm, head, qsize, walk, packed);
+            if indirect && packed {
                 // DPDK's virtio_user presets every entry of its packed TX indirect
                 // tables device-writable and leaves the header's so; DPDK's vhost
                 // library reads them all. A TX buffer is only read: so does gsonet.

@@ -231,18 +231,21 @@ impl Vq {
     }
 
     /// Appends `head`'s descriptors (at most `max`) to `out`; returns how its walk
-    /// ended and whether its head descriptor points at an indirect table.
+    /// ended and whether its head descriptor points at an indirect table (a split
+    /// ring's head is read again for that only with `ask_indirect`, else false).
     pub fn walk(
         &self,
         hm: &HostMem<'_>,
         head: &Head,
         max: usize,
         out: &mut Vec<Desc>,
+        ask_indirect: bool,
     ) -> (WalkEnd, bool) {
         match (self, head.walked) {
             (Vq::Split { ring, .. }, _) => {
                 let end = walk_chain(hm, ring.desc, ring.size, head.id, max, out);
-                (end, head_is_indirect(hm, ring.desc, ring.size, head.id))
+                let indirect = ask_indirect && head_is_indirect(hm, ring.desc, ring.size, head.id);
+                (end, indirect)
             }
             (Vq::Packed { store, .. }, Some((start, n, end, indirect))) => {
                 let (start, n) = (start as usize, n as usize);
@@ -386,7 +389,7 @@ mod tests {
         let mut out = Vec::new();
         for h in &heads {
             let mut descs = Vec::new();
-            let (end, _) = vq.walk(hm, h, 16, &mut descs);
+            let (end, _) = vq.walk(hm, h, 16, &mut descs, false);
             let total = chain_bytes(&descs, end, 16).unwrap();
             let mut buf = tx_buffer();
             let f = copy_chain(hm, &descs, total, HDR_LEN, &mut buf).unwrap();
