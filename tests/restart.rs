@@ -182,7 +182,8 @@ fn a_tap_outlives_gsonet_and_the_next_one_reattaches() {
     assert_eq!(mac_of(&tap), expected_mac(&tap));
     assert!(s.log().contains("reattached=false"), "{}", s.log());
     ip(&["addr", "add", "10.253.7.1/24", "dev", &tap]);
-    ip(&["route", "add", "10.253.8.0/24", "dev", &tap]);
+    // replace: a route left by a run that was killed must not fail this one.
+    ip(&["route", "replace", "10.253.8.0/24", "dev", &tap]);
     // A guest the host has resolved (not a permanent entry: those always stay).
     ip(&[
         "neigh",
