@@ -151,6 +151,26 @@ def _settle(probe, timeout: float = 5.0):
         time.sleep(0.05)
 
 
+def _settle_a_drained(gs, before: dict, a1: dict) -> None:
+    """Waits until gsonet took from port 0 (frontend A) every frame A counted sent
+    since ``before``."""
+    def drained():
+        st = gs.stats()
+        n = st["ports"][0]["stats"]["tx_frames"] - before["ports"][0]["stats"]["tx_frames"]
+        return n == a1["tx_packets"], st
+    _settle(drained)
+
+
+def _settle_b_caught_up(gs, b, before: dict, b0: dict):
+    """Waits until frontend B counted every frame gsonet delivered to port 1 since
+    ``before``/``b0``; returns gsonet's stats and B's port stats then."""
+    def caught_up():
+        st, bs = gs.stats(), b.port_stats()
+        n = st["ports"][1]["stats"]["rx_frames"] - before["ports"][1]["stats"]["rx_frames"]
+        return bs["rx_packets"] - b0["rx_packets"] == n, (st, bs)
+    return _settle(caught_up)
+
+
 def _tap_tx_dropped(tap: str) -> int:
     """Frames the kernel dropped because the tap's queue was full (gsonet not reading)."""
     return int(Path(f"/sys/class/net/{tap}/statistics/tx_dropped").read_text())
@@ -341,17 +361,9 @@ def test_two_frontends_switched(dpdk_env, tmp_path, record_measurement):
                 a.cmd("stop")
                 a1 = a.port_stats()
 
-                def a_drained():
-                    st = gs.stats()
-                    n = st["ports"][0]["stats"]["tx_frames"] - before["ports"][0]["stats"]["tx_frames"]
-                    return n == a1["tx_packets"], st
-                _settle(a_drained)
+                _settle_a_drained(gs, before, a1)
 
-            def b_caught_up():
-                st, bs = gs.stats(), b.port_stats()
-                n = st["ports"][1]["stats"]["rx_frames"] - before["ports"][1]["stats"]["rx_frames"]
-                return bs["rx_packets"] - b0["rx_packets"] == n, (st, bs)
-            after, b1 = _settle(b_caught_up)
+            after, b1 = _settle_b_caught_up(gs, b, before, b0)
     record_measurement("dpdk.acked.offloads_requested", _caps_str(pb))
     pa_d = counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
     pb_d = counters_delta(before["ports"][1]["stats"], after["ports"][1]["stats"])
@@ -397,18 +409,10 @@ def test_packed_rings_switched(dpdk_env, tmp_path, record_measurement, txpkts):
                 a.cmd("stop")
                 a1 = a.port_stats()
 
-                def a_drained():
-                    st = gs.stats()
-                    n = st["ports"][0]["stats"]["tx_frames"] - before["ports"][0]["stats"]["tx_frames"]
-                    return n == a1["tx_packets"], st
-                _settle(a_drained)
+                _settle_a_drained(gs, before, a1)
                 acked = [p["acked"] for p in gs.stats()["ports"]]
 
-            def b_caught_up():
-                st, bs = gs.stats(), b.port_stats()
-                n = st["ports"][1]["stats"]["rx_frames"] - before["ports"][1]["stats"]["rx_frames"]
-                return bs["rx_packets"] - b0["rx_packets"] == n, (st, bs)
-            after, b1 = _settle(b_caught_up)
+            after, b1 = _settle_b_caught_up(gs, b, before, b0)
     assert all(a >> 34 & 1 for a in acked), [hex(a) for a in acked]
     pa_d = counters_delta(before["ports"][0]["stats"], after["ports"][0]["stats"])
     pb_d = counters_delta(before["ports"][1]["stats"], after["ports"][1]["stats"])
