@@ -32,6 +32,17 @@ fn b_mac() -> frames::Mac {
 }
 
 fn connect(d: &Daemon, port: usize, features: u64) -> TestFrontend {
+    connect_with(d, port, features, 256, 2048)
+}
+
+/// A guest B (FEATS_B) on `port` with only `bufs` RX buffers of `size` bytes: a
+/// queue that fills.
+fn connect_short(d: &Daemon, port: usize, bufs: usize, size: u32) -> TestFrontend {
+    connect_with(d, port, FEATS_B, bufs, size)
+}
+
+/// A guest on `port` acking `features`, with `bufs` RX buffers of `size` bytes.
+fn connect_with(d: &Daemon, port: usize, features: u64, bufs: usize, size: u32) -> TestFrontend {
     let opts = FrontendOpts {
         features,
         require_features: true,
@@ -39,22 +50,19 @@ fn connect(d: &Daemon, port: usize, features: u64) -> TestFrontend {
         ..Default::default()
     };
     let mut fe = TestFrontend::connect(&d.sockets[port], opts).expect("frontend");
-    fe.post_rx(256, 2048).expect("post rx");
+    fe.post_rx(bufs, size).expect("post rx");
     fe
 }
 
-/// A guest B (FEATS_B) on `port` with only `bufs` RX buffers of `size` bytes: a
-/// queue that fills.
-fn connect_short(d: &Daemon, port: usize, bufs: usize, size: u32) -> TestFrontend {
-    let opts = FrontendOpts {
-        features: FEATS_B,
-        require_features: true,
-        mem_size: 128 << 20,
-        ..Default::default()
-    };
-    let mut fe = TestFrontend::connect(&d.sockets[port], opts).expect("frontend");
-    fe.post_rx(bufs, size).expect("post rx");
-    fe
+/// A (port 0) and a B with `bufs` RX buffers of `size` bytes (port 1, `connect_short`)
+/// on a new two-port gsonet, B's address learnt.
+fn a_and_short_b(bufs: usize, size: u32) -> (Daemon, TestFrontend, TestFrontend) {
+    let d = Daemon::start(&DaemonSpec::ports(2)).expect("start gsonet");
+    let mut a = connect(&d, 0, FEATS_A);
+    let mut b = connect_short(&d, 1, bufs, size);
+    let hb = hello(&mut b, b_mac());
+    recv_where(&mut a, T, |f| f.frame == hb).expect("B's hello at A");
+    (d, a, b)
 }
 
 /// A small frame from `mac` to everyone, so the switch learns where `mac` is.
@@ -148,11 +156,7 @@ fn learning_flooding_and_broadcast() {
 /// up until a kick that may never come.
 #[test]
 fn a_stalled_guest_that_refills_without_a_kick_gets_frames_again() {
-    let d = Daemon::start(&DaemonSpec::ports(2)).expect("start gsonet");
-    let mut a = connect(&d, 0, FEATS_A);
-    let mut b = connect_short(&d, 1, 1, 2048);
-    let hb = hello(&mut b, b_mac());
-    recv_where(&mut a, T, |f| f.frame == hb).expect("B's hello at A");
+    let (d, mut a, mut b) = a_and_short_b(1, 2048);
     let udp = |sport: u16| {
         let flow = Flow::new(a_mac(), b_mac(), Ips::v4()).ports(sport, 9);
         frames::udp(&flow, b"to b", UdpGso::None)
@@ -201,11 +205,7 @@ fn a_stalled_guest_that_refills_without_a_kick_gets_frames_again() {
 /// the guest reads and gives its buffers back, four at a time here.
 #[test]
 fn frames_for_a_full_guest_are_held_and_arrive_in_order_as_it_reads() {
-    let d = Daemon::start(&DaemonSpec::ports(2)).expect("start gsonet");
-    let mut a = connect(&d, 0, FEATS_A);
-    let mut b = connect_short(&d, 1, 4, 2048);
-    let hb = hello(&mut b, b_mac());
-    recv_where(&mut a, T, |f| f.frame == hb).expect("B's hello at A");
+    let (d, mut a, mut b) = a_and_short_b(4, 2048);
     let sent: Vec<_> = (0..48u16)
         .map(|i| {
             let flow = Flow::new(a_mac(), b_mac(), Ips::v4()).ports(2000 + i, 9);
