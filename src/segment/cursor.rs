@@ -24,11 +24,21 @@ impl<'f> Cursor<'f> {
 
     /// A cursor at the payload, past the frame's `h.hdr_len()` header bytes.
     pub fn at_payload(frame: &'f [&'f [u8]], h: &Headers) -> Result<Self, SegmentError> {
+        Self::at_payload_from(frame, h, 0)
+    }
+
+    /// A cursor `skip` bytes into the payload (past segments that went out earlier).
+    pub fn at_payload_from(
+        frame: &'f [&'f [u8]],
+        h: &Headers,
+        skip: usize,
+    ) -> Result<Self, SegmentError> {
         let mut cur = Cursor::new(frame);
-        if cur.skip(h.hdr_len()) {
+        let at = h.hdr_len() + skip;
+        if cur.skip(at) {
             Ok(cur)
         } else {
-            Err(truncated(h.hdr_len(), h.frame_len))
+            Err(truncated(at, h.frame_len))
         }
     }
 

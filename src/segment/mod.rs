@@ -217,8 +217,9 @@ impl Segmenter {
 
     /// As [`Segmenter::segment_planned`], from output frame `from` on (the ones
     /// before it went out earlier): TCP and USO start there, at the cost of one
-    /// segment's work; a UFO datagram's fragments before `from` are made and not
-    /// emitted (its IP ID is the datagram's).
+    /// segment's work; a UFO datagram's fragments before `from` are made again and
+    /// not emitted (an IPv6 datagram's fragment ID is drawn anew each call, so its
+    /// later fragments do not match the earlier ones).
     pub fn segment_planned_from<F>(
         &mut self,
         hdr: &VirtioNetHdr,

@@ -7,7 +7,7 @@ use super::ip::{be32, first_ip_id, ipv4_base, pseudo, put16, put32};
 use super::out::{begin_segment, partial_vnet, send};
 use super::parse::{Headers, IPPROTO_TCP};
 use super::plan::Plan;
-use super::{truncated, CsumMode, Segment, SegmentError, SegmentSummary};
+use super::{CsumMode, Segment, SegmentError, SegmentSummary};
 use crate::vnet_hdr::VirtioNetHdr;
 
 pub const TCP_FIN: u8 = 0x01;
@@ -34,12 +34,9 @@ where
 {
     let hl = h.hdr_len();
     let l4 = h.l4_off;
-    let mut cur = Cursor::at_payload(frame, h)?;
     // Segments before `from` went out earlier: their payload is passed over.
     let from = from.min(p.segments);
-    if !cur.skip(from * p.mss) {
-        return Err(truncated(h.hdr_len() + from * p.mss, h.frame_len));
-    }
+    let mut cur = Cursor::at_payload_from(frame, h, from * p.mss)?;
     let seq0 = be32(b.tmpl, l4 + 4);
     let flags0 = b.tmpl[l4 + 13];
     let id0 = first_ip_id(b.tmpl, h);

@@ -328,8 +328,8 @@ fn payload_is_referenced_not_copied() {
 }
 
 /// Segmenting from segment k (what a frame partly delivered before asks for) gives
-/// exactly segments k.. of the whole run, for TCP and USO over both IP versions,
-/// with the full and the partial checksum, in every mode's emitted order.
+/// exactly segments k.. of the whole run, for TCP over both IP versions and USO
+/// over IPv4, with the full and the partial checksum.
 #[test]
 fn segmenting_from_k_gives_the_whole_runs_tail() {
     for (tcp, kind) in [

@@ -41,12 +41,9 @@ where
     F: FnMut(&Segment<'_>) -> bool,
 {
     let l4 = h.l4_off;
-    let mut cur = Cursor::at_payload(frame, h)?;
     // Segments before `from` went out earlier: their payload is passed over.
     let from = from.min(p.segments);
-    if !cur.skip(from * p.mss) {
-        return Err(truncated(h.hdr_len() + from * p.mss, h.frame_len));
-    }
+    let mut cur = Cursor::at_payload_from(frame, h, from * p.mss)?;
     let id0 = first_ip_id(b.tmpl, h);
     let full = mode == CsumMode::Full;
     let ip_base = ipv4_base(b.tmpl, h);
