@@ -120,6 +120,10 @@ def _migrate(tmp: Path, record_measurement, device_props: dict | None, tag: str)
         src.start()
         src.wait_booted()
         gs.wait_port(0)
+        # The host and the guest know each other's address before iperf3 connects: a
+        # host that asks for the guest's while the guest's link is coming up gives up
+        # after three tries ("No route to host").
+        src.run_ok(f"ping -c 3 -W 5 {host_ip}", timeout=60)
         dst.start()
         qs, qd = Qmp(src.qmp_path), Qmp(dst.qmp_path)
         qd.cmd("migrate-incoming", uri=f"unix:{mig}")
