@@ -23,6 +23,7 @@ use std::num::Wrapping;
 use virtio_queue::QueueT;
 
 use super::host::HostMem;
+use super::packed::record::RecordSlot;
 use super::packed::{PackedRing, Pos, UsedMark};
 use super::split::{head_is_indirect, walk_chain, Desc, SplitRing, WalkEnd};
 
@@ -78,6 +79,23 @@ impl Vq {
             Vq::Split {
                 ring: SplitRing::of(q),
                 pending: None,
+            }
+        }
+    }
+
+    /// Has a packed ring record its publishes in `r` (`packed::record`); a split
+    /// ring needs none.
+    pub fn set_record(&mut self, r: Option<RecordSlot>) {
+        if let Vq::Packed { ring, .. } = self {
+            ring.record = r;
+        }
+    }
+
+    /// `set_record(r())` for a packed ring that has no record yet.
+    pub fn record_in(&mut self, r: impl FnOnce() -> Option<RecordSlot>) {
+        if let Vq::Packed { ring, .. } = self {
+            if ring.record.is_none() {
+                ring.record = r();
             }
         }
     }

@@ -30,6 +30,17 @@ pub fn stat(fd: BorrowedFd<'_>) -> io::Result<FileInfo> {
     })
 }
 
+/// The (device, inode) of `fd`'s file: the same for every descriptor of one open
+/// file, from any process.
+pub fn identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    let mut st = MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: as in `stat`.
+    check(unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstat returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    Ok((st.st_dev, st.st_ino))
+}
+
 /// Whether `fd` is an eventfd: the kernel names every eventfd `anon_inode:[eventfd]` in
 /// /proc/self/fd, a name no file on a filesystem can have (those start with `/`).
 /// Other anonymous inodes (epoll, timerfd, signalfd) share the inode but not the name.

@@ -10,4 +10,5 @@ pub mod firewall;
 pub mod pace;
 pub mod port;
 pub mod relay;
+pub mod resume;
 pub mod tx;

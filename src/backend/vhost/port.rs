@@ -25,6 +25,7 @@ use crate::config::{PortConfig, RateLimit, MAX_TX_COALESCE_USECS};
 use crate::features::{self, Caps, FeatureMask, Negotiated};
 use crate::l2::{Mac, Vid, VlanSet};
 use crate::ring::host::HostMem;
+use crate::ring::packed::record::{RecordSlot, RingRecord};
 use crate::ring::rx::{self, RxError, RxFormat, RxScratch, Source};
 use crate::ring::split::SplitRing;
 use crate::ring::tx::GuestTail;
@@ -187,6 +188,27 @@ pub struct Port {
     /// exclusively to wait for the drains in progress.
     tx_gate: RwLock<()>,
     pub stats: Counters,
+    /// A `packed=on` port's packed rings' published positions, kept in a file
+    /// beside its socket for the gsonet after this one (`ring::packed::record`).
+    pub rings: Option<Arc<RingRecord>>,
+}
+
+/// The record of a `packed=on` port's rings: `SOCKET.rings`. None (with a warning)
+/// if it cannot be made there: a restart then resumes packed rings where the
+/// frontend says, as without it.
+fn open_record(cfg: &PortConfig) -> Option<Arc<RingRecord>> {
+    if !cfg.packed {
+        return None;
+    }
+    let mut path = cfg.socket.clone().into_os_string();
+    path.push(".rings");
+    match RingRecord::open(std::path::Path::new(&path), 2 * usize::from(cfg.queues)) {
+        Ok(r) => Some(Arc::new(r)),
+        Err(e) => {
+            tracing::warn!(port = %cfg.socket.display(), record = ?path, "cannot keep the packed rings' positions ({e}): after a restart of gsonet a packed guest's queues stop");
+            None
+        }
+    }
 }
 
 impl Port {
@@ -219,6 +241,7 @@ impl Port {
             quiesced: AtomicBool::new(false),
             tx_gate: RwLock::new(()),
             stats: Counters::default(),
+            rings: open_record(&cfg),
             cfg,
         })
     }
@@ -512,6 +535,12 @@ impl Port {
         self.mem.load_full()
     }
 
+    /// Where queue `q`'s packed ring records its publishes, if the port keeps a
+    /// record.
+    pub fn ring_slot(&self, q: usize) -> Option<RecordSlot> {
+        self.rings.as_ref().and_then(|r| r.slot_of(q))
+    }
+
     /// Remembers the vring of RX queue `pair`, seen by its worker.
     pub fn remember_rx(&self, pair: usize, vring: &Vring) {
         if let Some(slot) = self.rx.get(pair) {
@@ -599,6 +628,7 @@ impl Port {
             return Err(RxError::NoBuffers);
         }
         let mut ring = rx_ring(packed, state.get_queue(), neg.packed);
+        ring.record_in(|| self.ring_slot(2 * pair));
         let fmt = RxFormat {
             hdr_len: neg.hdr_len(),
             mrg_rxbuf: neg.mrg_rxbuf,

@@ -32,6 +32,7 @@ use super::firewall::{
     HDR, MAX_FDS, MAX_MEM_SLOTS,
 };
 use super::port::{Port, MEM_CHANGES_PER_SEC, RESETS_PER_SEC};
+use super::resume::{self, Resumer};
 use crate::backend::switch::Switch;
 use crate::l2::Mac;
 use crate::stats::DropReason;
@@ -218,6 +219,7 @@ fn inbound(
     fw: &mut Firewall,
 ) -> End {
     let name = port.name();
+    let mut resumer = Resumer::default();
     loop {
         let (hdr, fds) = match recv_header(front, MAX_FDS) {
             Ok(Some(m)) => m,
@@ -293,6 +295,7 @@ fn inbound(
             // find them published already.
             port.publish_rx();
         }
+        resumer.inbound(port, &hdr, &mut payload, &fds);
         if send(back, &Msg { hdr, payload, fds }).is_err() {
             return End::Closed;
         }
@@ -434,6 +437,7 @@ pub fn spawn(
             while let Ok(Some(mut m)) = recv_reply(&mut back_r) {
                 if m.hdr.request == req::GET_VRING_BASE && port.packed() {
                     packed_base_reply(&mut m.payload);
+                    resume::outbound(&port, &m.hdr, &m.payload);
                 }
                 let w = front_w.lock().unwrap_or_else(|e| e.into_inner());
                 if send(&w, &m).is_err() {

@@ -266,6 +266,7 @@ fn take_and_send(
     let q = st.get_queue_mut();
     let hm = HostMem::new(mem);
     let mut ring = Vq::of(q, s.packed);
+    ring.record_in(|| port.ring_slot(2 * s.pair + 1));
     if ring.has_avail(&hm).is_none() {
         return Take::Broken;
     }

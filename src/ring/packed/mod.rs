@@ -47,6 +47,10 @@ use virtio_queue::QueueT;
 use super::host::{store_load_fence, HostMem};
 use super::split::{Desc, WalkEnd};
 
+pub mod record;
+
+use record::RecordSlot;
+
 const DESC_SIZE: u64 = 16;
 const NEXT: u16 = VRING_DESC_F_NEXT as u16;
 /// Offsets in a ring descriptor.
@@ -224,6 +228,9 @@ pub struct PackedRing {
     /// Used entries recorded and not yet written, in ring order. At most `size`
     /// (each takes a slot of its own).
     unpublished: Vec<Used>,
+    /// Where each publish is recorded for a gsonet started after this one
+    /// (`record`): none outside a port.
+    pub record: Option<RecordSlot>,
 }
 
 impl PackedRing {
@@ -237,6 +244,7 @@ impl PackedRing {
             next_used: Pos::START,
             event_idx,
             unpublished: Vec::new(),
+            record: None,
         }
     }
 
@@ -258,15 +266,19 @@ impl PackedRing {
             next_used: Pos::from_base(q.next_used(), size).unwrap_or(bad),
             event_idx: q.event_idx_enabled(),
             unpublished: Vec::new(),
+            record: None,
         }
     }
 
-    /// `of`, into this value: its buffers are kept, its unpublished entries dropped.
+    /// `of`, into this value: its buffers and its record are kept, its
+    /// unpublished entries dropped.
     pub fn reload<Q: QueueT>(&mut self, q: &Q) {
         let mut unpublished = std::mem::take(&mut self.unpublished);
         unpublished.clear();
+        let record = self.record.take();
         *self = PackedRing {
             unpublished,
+            record,
             ..PackedRing::of(q)
         };
     }
@@ -480,10 +492,14 @@ impl PackedRing {
     /// Makes every used entry recorded so far visible: each one's length and id,
     /// then its flags (`Release`), the first entry last, so the driver, which reads
     /// them in ring order, sees all of them or none. `false` if an entry could not
-    /// be written (the ring is broken).
+    /// be written (the ring is broken). The record, if any, has the used position
+    /// before and after the publish while it writes, and the one after it then.
     pub fn publish_used(&mut self, hm: &HostMem<'_>) -> bool {
         let mut ok = true;
         if let Some((first, rest)) = self.unpublished.split_first() {
+            if let Some(r) = &self.record {
+                r.begin(self.desc, first.at, self.next_used);
+            }
             for u in rest.iter().chain(std::iter::once(first)) {
                 let mut entry = [0u8; 6];
                 entry[..4].copy_from_slice(&u.len.to_le_bytes());
@@ -494,6 +510,9 @@ impl PackedRing {
                     && hm
                         .store_u16(slot + FLAGS_AT, flags, Ordering::Release)
                         .is_some();
+            }
+            if let Some(r) = &self.record {
+                r.commit(self.next_used);
             }
         }
         self.unpublished.clear();
