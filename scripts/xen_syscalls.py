@@ -2,33 +2,37 @@
 """gsonet's per-GB costs as a Xen netback, counted in the nested rig, for one build or
 several in ONE boot: the builds take turns serving a fresh domU (tap uplink in dom0,
 as scripts/xen_ab.py), --rounds turns each, iperf3 once each way per turn, and in
-the last turn once more under `strace -c`.
+the last turn once more with dom0's system calls counted.
 
     python3 scripts/xen_syscalls.py [--gsonet NAME=BINARY[@VIF-KEYS] ...] [--kernel]
-        [--rounds 3] [--seconds 5] [--vif-options uring=off]
+        [--rounds 3] [--seconds 5] [--rate 100M] [--vif-options uring=off]
 
 (e.g. --gsonet q1=target/release/gsonet@queues=1: that build with `,queues=1`
-added to its `--xen-vif auto`; --kernel adds the kernel netback + bridge, untraced.)
+added to its `--xen-vif auto`; --kernel adds the kernel netback + bridge.)
 
 Per direction and build, per GB moved (medians over the untraced rounds): Mbit/s,
 dom0's CPU seconds without its steal, dom0's context switches, gsonet's threads'
 sleeps (voluntary context switches: its wake-ups) and preemptions (involuntary),
 and the vif's counters: frames each way, events gsonet sent the netfront
 (`tx_calls`, `rx_calls`) and took from it (`tx_kicks`, `rx_kicks`). From the
-traced run: system calls per GB by kind, its ioctls split into the events sent (the
-vif's count) and grant copies (the rest), and the pages each copy moved on average.
+counted run: dom0's system calls per GB (every thread's: iperf3's too, for the
+kernel netback as well), gsonet's threads' by kind, their ioctls split into the
+events sent (the vif's count) and grant copies (the rest), and the pages each copy
+moved on average. The kernel counts them (a histogram trigger on
+raw_syscalls:sys_enter in dom0's tracefs), so the counted run keeps nearly the
+pace of the others.
 
 In a PV dom0 each system call is two switches of the guest's page tables through
 Xen, and each event one more trip, the costs the kernel netback does not have.
-strace slows gsonet down, so the traced rates are not the bench's: read the calls
-per GB there, and the untraced rounds for the rest.
+--rate caps iperf3 (-b): where every build holds it, each moves the same bytes
+in the same time, and a round the machine's load slows does not spread the
+fixed costs of its seconds over fewer bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -41,8 +45,11 @@ from harness.gsonet import counters_delta  # noqa: E402
 SCRIPT = r"""
 . /xt/lib.sh
 S=${XT_SECONDS:-5}
+RATE=${XT_RATE:+-b $XT_RATE}
 ip1=10.99.0.2
-chmod +x /xt/strace.bin /xt/gsonet-*
+chmod +x /xt/gsonet-*
+TR=/sys/kernel/tracing
+[ -d $TR/events ] || mount -t tracefs tracefs $TR
 domu_cfg gdomU1 $ip1 00:16:3e:99:00:12 vif-none
 domu_cfg kdomU1 $ip1 00:16:3e:99:00:02 vif-xtbridge
 
@@ -58,12 +65,12 @@ once() {
     local a b
     [ "$2" = domu_to_dom0 ] && R=-R || R=
     if [ -z "${GSONET_PID:-}" ]; then
-        measure "$1.mbps" iperf_mbps -c $ip1 -t "$S" $R
+        measure "$1.mbps" iperf_mbps -c $ip1 -t "$S" $R $RATE
         return
     fi
     gsonet_stats "$1.s0"
     a="$(threads)"
-    measure "$1.mbps" iperf_mbps -c $ip1 -t "$S" $R
+    measure "$1.mbps" iperf_mbps -c $ip1 -t "$S" $R $RATE
     b="$(threads)"
     gsonet_stats "$1.s1"
     set -- "$1" $a $b
@@ -71,22 +78,35 @@ once() {
     result "$1.preempted" $(($5 - $3))
 }
 
-# traced TAG DIR: one iperf3 run with `strace -c` on gsonet's threads (counts only:
-# a full trace slows it a hundredfold; the threads a `gsonet stats` starts are left
-# out); its table as XT-SC TAG lines
+# traced TAG DIR: one more iperf3 run with dom0's system calls counted by the
+# kernel (a histogram trigger on raw_syscalls:sys_enter, by thread and call: no
+# tracer stops anyone, so the run keeps its pace); gsonet's threads as XT-TID TAG
+# lines (the threads a `gsonet stats` starts are not among them), the table as
+# XT-SC TAG lines
+HIST='hist:keys=common_pid,id.syscall:vals=hitcount:size=8192'
 traced() {
-    local tracer t tids=""
+    local t ev=$TR/events/raw_syscalls/sys_enter
     [ "$2" = domu_to_dom0 ] && R=-R || R=
-    for t in /proc/"$GSONET_PID"/task/*; do tids="$tids -p ${t##*/}"; done
-    LD_LIBRARY_PATH=/xt /xt/strace.bin -c -o /tmp/strace.out $tids 2>/dev/null &
-    tracer=$!
-    sleep 2
-    gsonet_stats "$1.s0"
-    result "$1.mbps" "$(iperf_mbps -c $ip1 -t "$S" $R)"
-    gsonet_stats "$1.s1"
-    kill -INT $tracer; wait $tracer
-    sed "s/^/XT-SC $1 /" /tmp/strace.out
-    rm -f /tmp/strace.out
+    if [ -n "${GSONET_PID:-}" ]; then
+        for t in /proc/"$GSONET_PID"/task/*; do echo "XT-TID $1 ${t##*/}"; done
+        gsonet_stats "$1.s0"
+    fi
+    echo "$HIST" > $ev/trigger || { echo "XT-SC-NONE $1"; return; }
+    result "$1.mbps" "$(iperf_mbps -c $ip1 -t "$S" $R $RATE)"
+    grep '^{' $ev/hist | sed "s/^/XT-SC $1 /"
+    echo "!$HIST" > $ev/trigger
+    [ -z "${GSONET_PID:-}" ] || gsonet_stats "$1.s1"
+}
+
+# syscall_cost TAG: dom0's CPU (without steal) per system call right now: busybox
+# dd copying 100k single bytes /dev/zero -> /dev/null makes 200k, each a round trip
+# through Xen in a PV dom0; as TAG.syscall_us
+syscall_cost() {
+    local a b
+    a="$(awk '/^cpu / {print ($2 + $3 + $4 + $7 + $8) / 100}' /proc/stat)"
+    dd if=/dev/zero of=/dev/null bs=1 count=100000 2>/dev/null
+    b="$(awk '/^cpu / {print ($2 + $3 + $4 + $7 + $8) / 100}' /proc/stat)"
+    result "$1.syscall_us" "$(awk "BEGIN {print ($b - $a) * 1e6 / 200000}")"
 }
 
 # turn V R: variant V serves a fresh domU (the kernel netback for `kernel`) for
@@ -105,8 +125,9 @@ turn() {
         ip link set xttap0 up
         wait_domu $ip1 300 || fail "gdomU1 does not answer through gsonet $1"
     fi
+    syscall_cost "sc.$1.r$2"
     for dir in dom0_to_domu domu_to_dom0; do once "sc.$1.r$2.$dir" $dir; done
-    if [ "$1" != kernel ] && [ "$2" = "${XT_ROUNDS:-3}" ]; then
+    if [ "$2" = "${XT_ROUNDS:-3}" ]; then
         for dir in dom0_to_domu domu_to_dom0; do traced "sc.$1.tr.$dir" $dir; done
     fi
     teardown
@@ -119,8 +140,10 @@ while [ $r -le "${XT_ROUNDS:-3}" ]; do
 done
 """
 
-# a row of strace -c's table: % time, seconds, usecs/call, calls, [errors,] name
-SC = re.compile(r"^XT-SC sc\.(\S+)\.tr\.(\S+)\s+[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$")
+# a row of the kernel's histogram: { common_pid: TID, id: sys_NAME [NR] } hitcount: N
+SC = re.compile(r"^XT-SC sc\.(\S+)\.tr\.(\S+) \{ common_pid:\s*(\d+), id: (\S+)\s*\[\s*\d+\] \}"
+                r" hitcount:\s*(\d+)")
+TID = re.compile(r"^XT-TID sc\.(\S+)\.tr\.(\S+) (\d+)$")
 PATHS = ("dom0_to_domu", "domu_to_dom0")
 # The vif's counters shown per GB (summed over its queues, from the port's stats).
 VIF = ("rx_frames", "tx_frames", "rx_calls", "tx_calls", "rx_kicks", "tx_kicks")
@@ -145,6 +168,10 @@ def main() -> int:
     ap.add_argument("--binary", help="one build (as --gsonet cur=BINARY)")
     ap.add_argument("--rounds", type=int, default=3, help="untraced runs each way")
     ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--rate", default="",
+                    help="iperf3's target rate (-b, e.g. 100M): every build and the kernel "
+                         "move the same bytes in the same time, so a run the machine's load "
+                         "slows does not spread its fixed costs over fewer bytes")
     ap.add_argument("--vif-options", default="", help="more --xen-vif keys, e.g. uring=off")
     ap.add_argument("--kernel", action="store_true",
                     help="also the kernel netback (+ bridge), untraced, in the same boot")
@@ -166,31 +193,38 @@ def main() -> int:
     if reason:
         print(f"skipped: {reason}")
         return 1
-    strace = shutil.which("strace")
-    if not strace:
-        print("skipped: no strace on this machine (apt-get install strace)")
-        return 1
     xen.build_rig()
-    files: dict[str, bytes | str] = {"strace.bin": Path(strace).read_bytes()}
-    for lib in xen.needed_libs(strace):
-        # beside it in /xt; the C library is already gsonet's (the same machine's)
-        files[Path(lib).name] = Path(lib).read_bytes()
+    files: dict[str, bytes | str] = {}
     for name, path in builds:
         if path:
             files[f"gsonet-{name}"] = Path(path).read_bytes()
             files[f"vif-{name}"] = vif_words[name]
-    script = (f"export XT_SECONDS={args.seconds} XT_ROUNDS={args.rounds}"
+    if args.rate and not re.fullmatch(r"\d+(\.\d+)?[KMG]?", args.rate):
+        ap.error(f"--rate {args.rate!r}: want iperf3's -b form, e.g. 100M")
+    script = (f"export XT_SECONDS={args.seconds} XT_ROUNDS={args.rounds} XT_RATE={args.rate}"
               f" XT_VIF_OPTS='{args.vif_options}'"
               f" XT_VARIANTS='{' '.join(n for n, _ in builds)}'\n" + SCRIPT)
     run = xen.XenRig("syscalls", script, gsonet_bin=next(p for _, p in builds if p), files=files,
                      timeout=600 + len(builds) * args.rounds * (200 + 12 * args.seconds)
                      ).run()
+    # per (build, path): gsonet's threads' calls by name, and every dom0 thread's
+    tids: dict[tuple[str, str], set[int]] = {}
+    lines = [ln.strip() for ln in run.console.splitlines()]
+    for line in lines:
+        m = TID.match(line)
+        if m:
+            tids.setdefault((m.group(1), m.group(2)), set()).add(int(m.group(3)))
     calls: dict[tuple[str, str], dict[str, int]] = {}
-    for line in run.console.splitlines():
-        m = SC.match(line.strip())
-        if m and m.group(4) != "total":
-            calls.setdefault((m.group(1), m.group(2)), {})[m.group(4)] = int(m.group(3))
-
+    dom0_calls: dict[tuple[str, str], int] = {}
+    for line in lines:
+        m = SC.match(line)
+        if not m:
+            continue
+        key, tid, n = (m.group(1), m.group(2)), int(m.group(3)), int(m.group(5))
+        dom0_calls[key] = dom0_calls.get(key, 0) + n
+        if tid in tids.get(key, ()):
+            name = m.group(4).removeprefix("sys_")
+            calls.setdefault(key, {})[name] = calls.setdefault(key, {}).get(name, 0) + n
     def num(key: str) -> float | None:
         try:
             return float(run.results[key])
@@ -200,7 +234,8 @@ def main() -> int:
     def med(vals: list[float]) -> str:
         return f"{statistics.median(vals):,.1f}" if vals else "-"
 
-    print(f"\nXen rig, one boot ({run.seconds:.0f} s), iperf3 {args.seconds} s, one stream;"
+    print(f"\nXen rig, one boot ({run.seconds:.0f} s), iperf3 {args.seconds} s, one stream"
+          f"{f' at {args.rate}bit/s' if args.rate else ''};"
           f" medians of {args.rounds} untraced rounds, per GB")
     for path in PATHS:
         print(f"\n{path}")
@@ -222,6 +257,9 @@ def main() -> int:
                     v = num(f"{tag}.{key}")
                     if v is not None:
                         rows.setdefault(label, []).append(v / gb)
+                us = num(f"sc.{name}.r{r}.syscall_us")
+                if us is not None:
+                    rows.setdefault("us per system call (dd, not per GB)", []).append(us)
                 moved = vif_delta(run, tag)
                 for k in VIF if moved else ():
                     rows.setdefault(k, []).append(moved.get(k, 0) / gb)
@@ -229,16 +267,24 @@ def main() -> int:
                 print(f"  {name}: no result")
                 continue
             print(f"  {name}: " + ", ".join(f"{k} {med(v)}" for k, v in rows.items()))
-            if name == "kernel":
-                continue
             tag = f"sc.{name}.tr.{path}"
-            mbps, got = num(f"{tag}.mbps"), calls.get((name, path))
-            if not mbps or not got:
-                print("    traced: no result")
+            mbps = num(f"{tag}.mbps")
+            if not mbps or (name, path) not in dom0_calls:
+                print("    counted: no result")
                 continue
             gb = mbps * args.seconds / 8000
+            print(f"    counted ({mbps:.0f} Mbit/s): dom0 {dom0_calls[(name, path)] / gb:,.0f}"
+                  " system calls per GB", end="")
+            got = calls.get((name, path))
+            if name == "kernel" or not got:
+                print()
+                continue
             total = sum(got.values())
-            print(f"    traced ({mbps:.0f} Mbit/s): {total / gb:,.0f} system calls per GB")
+            us = [u for r in range(1, args.rounds + 1)
+                  if (u := num(f"sc.{name}.r{r}.syscall_us")) is not None]
+            cost = (f" (about {total / gb * statistics.median(us) / 1e6:.1f} s of dom0's CPU"
+                    " at the median dd cost of a call)") if us else ""
+            print(f", gsonet's threads {total / gb:,.0f}{cost}:")
             print("      " + ", ".join(
                 f"{k} {c / gb:,.0f}" for k, c in sorted(got.items(), key=lambda kv: -kv[1])
                 if c / gb >= 50))
