@@ -231,6 +231,30 @@ impl Caps {
         uso6: true,
     };
 
+    /// The flags in one byte (`from_bits` gives them back), for a copy read per
+    /// frame with one plain load.
+    pub fn to_bits(self) -> u8 {
+        [
+            self.csum, self.tso4, self.tso6, self.ecn, self.ufo, self.uso4, self.uso6,
+        ]
+        .iter()
+        .enumerate()
+        .fold(0, |b, (i, &on)| b | (u8::from(on) << i))
+    }
+
+    pub fn from_bits(b: u8) -> Caps {
+        let on = |i: u8| b & (1 << i) != 0;
+        Caps {
+            csum: on(0),
+            tso4: on(1),
+            tso6: on(2),
+            ecn: on(3),
+            ufo: on(4),
+            uso4: on(5),
+            uso6: on(6),
+        }
+    }
+
     /// Whether a frame with this gso_type may go to this side intact.
     pub fn accepts(&self, gso: GsoType) -> bool {
         let kind_ok = match gso.kind {
@@ -335,6 +359,19 @@ impl Negotiated {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn caps_survive_their_byte() {
+        for b in 0..128u8 {
+            assert_eq!(Caps::from_bits(b).to_bits(), b);
+        }
+        assert_eq!(Caps::from_bits(Caps::ALL.to_bits()), Caps::ALL);
+        let one = Caps {
+            ufo: true,
+            ..Caps::default()
+        };
+        assert_eq!(Caps::from_bits(one.to_bits()), one);
+    }
 
     #[test]
     fn default_offer_has_every_listed_bit() {

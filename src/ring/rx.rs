@@ -225,6 +225,21 @@ pub fn write_frame_in(
     out.num_buffers = scratch.chains.len() as u16;
     let hdr_bytes = out.to_bytes();
 
+    if let ([(addr, _)], [(head, _)]) = (&scratch.descs[..], &scratch.chains[..]) {
+        // One buffer holds the frame (the common case): written front to back,
+        // without the bookkeeping of a frame spread over buffers and chains.
+        if write_one_buffer(hm, *addr, &hdr_bytes[..fmt.hdr_len], src).is_err() {
+            return_unused(ring, hm, &scratch.chains);
+            return Err(RxError::BadAddress);
+        }
+        let base = ring.used_pos();
+        if !ring.put_used(hm, head, need as u32) || (publish && !ring.publish_used(hm)) {
+            ring.rewind_used(base);
+            return Err(RxError::BadAddress);
+        }
+        return Ok(1);
+    }
+
     // Copy, descriptor by descriptor, remembering how much each chain received.
     let RxScratch {
         descs,
@@ -275,6 +290,35 @@ pub fn write_frame_in(
         return Err(RxError::BadAddress);
     }
     Ok(chains.len())
+}
+
+/// Writes the header, then the frame, into the one buffer at `addr` that holds both.
+fn write_one_buffer(
+    hm: &HostMem<'_>,
+    addr: u64,
+    hdr: &[u8],
+    src: Source<'_>,
+) -> Result<(), BadRange> {
+    hm.write(addr, hdr)?;
+    let mut at = addr + hdr.len() as u64;
+    let own = |at: &mut u64, parts: &[&[u8]]| {
+        parts.iter().try_for_each(|p| {
+            hm.write(*at, p)?;
+            *at += p.len() as u64;
+            Ok(())
+        })
+    };
+    match src {
+        Source::Own(parts) => own(&mut at, parts),
+        Source::Guest { head, tail } => {
+            own(&mut at, head)?;
+            tail.pieces.iter().try_for_each(|&(a, l)| {
+                hm.copy_from_guest(at, &tail.mem, a, l as usize)?;
+                at += u64::from(l);
+                Ok(())
+            })
+        }
+    }
 }
 
 /// Walks the claimed RX descriptors while bytes are copied into them.

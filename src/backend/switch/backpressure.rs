@@ -479,9 +479,10 @@ pub fn forward_holding(
         });
         return;
     }
+    let topo = switch.batch_topology();
     let mut views = ViewBuf::default();
     let now = ctx.now();
-    if let Some(route) = switch.route(src, frame, &mut views, now, &mut ctx.fdb_memo) {
+    if let Some(route) = switch.route(&topo.0, src, frame, &mut views, now, &mut ctx.fdb_memo) {
         send_holding(switch, route, queue, frame, ctx, held);
     }
 }

@@ -331,10 +331,13 @@ pub struct Switch {
     programmed: Mutex<Option<Caps>>,
 }
 
+/// The topology a sender holds for one batch (`Switch::batch_topology`).
+pub struct BatchTopology(Guard<Arc<Topology>>);
+
 /// Where one frame goes, decided once: its source, its destination (or none: flood
 /// within `domain`) and the view of it each kind of destination gets.
 pub struct Route<'a> {
-    topo: Guard<Arc<Topology>>,
+    topo: &'a Topology,
     src: Endpoint,
     known: Option<Endpoint>,
     domain: Domain,
@@ -540,16 +543,16 @@ impl Switch {
     /// (dropped and counted at the source, a hairpin, or a source no longer in the
     /// switch). `now` dates what the FDB learns and looks up; `memo` is the sender's
     /// last answer from it.
-    pub fn route<'a>(
+    fn route<'a>(
         &'a self,
+        topo: &'a Topology,
         src: Endpoint,
         frame: &Frame<'a>,
         views: &'a mut ViewBuf<'a>,
         now: Instant,
         memo: &mut FdbMemo,
     ) -> Option<Route<'a>> {
-        let topo = self.topo.load();
-        let t: &Topology = &topo;
+        let t = topo;
         if !t.has(src) {
             return None;
         }
@@ -667,7 +670,7 @@ impl Switch {
         ctx: &mut DeliverCtx,
         on_full: OnFull,
     ) -> Option<Outcome> {
-        let t: &Topology = &route.topo;
+        let t: &Topology = route.topo;
         match route.known {
             Some(dst) => route
                 .view(dst)
@@ -698,20 +701,30 @@ impl Switch {
             });
             return;
         }
+        let topo = self.topo.load();
         let mut views = ViewBuf::default();
         let now = ctx.now();
-        let Some(route) = self.route(src, frame, &mut views, now, &mut ctx.fdb_memo) else {
+        let Some(route) = self.route(&topo, src, frame, &mut views, now, &mut ctx.fdb_memo) else {
             return;
         };
         self.send_routed(route, queue, frame, ctx);
+    }
+
+    /// The topology as it is now, for a sender to route a whole batch by
+    /// (`forward_in_run`): one load per batch, not per frame. A change made
+    /// meanwhile applies from the next batch.
+    pub fn batch_topology(&self) -> BatchTopology {
+        BatchTopology(self.topo.load())
     }
 
     /// `forward`, for a sender whose frame's bytes stay put for its whole batch
     /// (`bytes`: the same bytes as `frame`'s): a frame that goes intact and as it is
     /// to one guest joins the sender's `run` for that guest's queue, written with
     /// the frames next to it; any other is delivered now, after the run.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_in_run<'a>(
         &self,
+        topo: &BatchTopology,
         src: Endpoint,
         queue: usize,
         frame: &Frame,
@@ -719,7 +732,8 @@ impl Switch {
         ctx: &mut DeliverCtx,
         run: &mut Run<'a>,
     ) {
-        if frame.guest.is_some() && !self.untagged_source(src) {
+        let topo: &Topology = &topo.0;
+        if frame.guest.is_some() && !matches!(topo.attach(src), Attach::Untagged) {
             run.flush(ctx);
             return match run.held() {
                 Some(held) => backpressure::forward_holding(self, src, queue, frame, ctx, held),
@@ -728,7 +742,7 @@ impl Switch {
         }
         let mut views = ViewBuf::default();
         let now = ctx.now();
-        let Some(route) = self.route(src, frame, &mut views, now, &mut ctx.fdb_memo) else {
+        let Some(route) = self.route(topo, src, frame, &mut views, now, &mut ctx.fdb_memo) else {
             return;
         };
         let waits = |run: &mut Run| {

@@ -237,7 +237,15 @@ mod tests {
             head: bytes,
             tail: None,
         };
-        sw.forward_in_run(Endpoint::Port(src), 0, &f, stable, ctx, run);
+        sw.forward_in_run(
+            &sw.batch_topology(),
+            Endpoint::Port(src),
+            0,
+            &f,
+            stable,
+            ctx,
+            run,
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::backend::switch::backpressure::{
 };
 use crate::backend::switch::deliver::{DeliverCtx, SegmentCharge};
 use crate::backend::switch::run::{Run, RunSpare, Stable};
-use crate::backend::switch::{Endpoint, Switch};
+use crate::backend::switch::{BatchTopology, Endpoint, Switch};
 use crate::features::Caps;
 use crate::frame::validate::{tx_frame, tx_frame_tail};
 use crate::frame::{gather_whole, Frame};
@@ -504,6 +504,7 @@ impl Sender<'_> {
     /// the guest's buffers until the batch ends: it may join the batch's `run`.
     fn forward_in_run<'a>(
         &self,
+        topo: &BatchTopology,
         checked: Result<Frame, DropReason>,
         bytes: Stable<'a>,
         ctx: &mut DeliverCtx,
@@ -514,7 +515,7 @@ impl Sender<'_> {
                 self.port.tx_charge(frame.wire_len());
                 let src = Endpoint::Port(self.port.id);
                 self.switch
-                    .forward_in_run(src, self.pair, &frame, bytes, ctx, run)
+                    .forward_in_run(topo, src, self.pair, &frame, bytes, ctx, run)
             }
             Err(reason) => self.port.stats.drop(reason),
         }
@@ -545,6 +546,9 @@ fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
     } else {
         Run::new(spare)
     };
+    // One load of the topology for the batch (a guard per frame costs more than
+    // the routing it serves).
+    let topo = s.switch.batch_topology();
     let (mut sent, mut bytes, mut largest) = (0u64, 0u64, 0u64);
     for read in frames.drain(..) {
         let f = match read {
@@ -563,7 +567,13 @@ fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
         };
         let head = [stable.head];
         if f.tail_len == 0 {
-            s.forward_in_run(tx_frame(s.tx_caps, f.hdr, &head), stable, ctx, &mut run);
+            s.forward_in_run(
+                &topo,
+                tx_frame(s.tx_caps, f.hdr, &head),
+                stable,
+                ctx,
+                &mut run,
+            );
             continue;
         }
         let tail = GuestTail {
@@ -577,7 +587,7 @@ fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
                     tail: Some(tail),
                     ..stable
                 };
-                s.forward_in_run(Ok(frame), stable, ctx, &mut run)
+                s.forward_in_run(&topo, Ok(frame), stable, ctx, &mut run)
             }
             // Headers past the head, or a bad frame: judged again whole.
             Err(_) => {
