@@ -452,3 +452,18 @@ def test_sigkill_packed_guest(guest_env, tmp_path_factory, record_measurement):
     _report(record_measurement, "restart.packed_sigkill", outages)
     assert "packed ring resumed where this port's record has it" in seen["log"], \
         seen["log"][-3000:]
+
+
+@pytest.mark.full
+def test_status_off_packed_guest(guest_env, tmp_path_factory, record_measurement):
+    """A packed guest without the link-status bit: it goes on sending during each
+    outage, and QEMU, with no backend, drops those frames itself at its own (stale)
+    position in the TX ring (docs/architecture.md, "Packed rings"). Three SIGKILLs
+    with the stream running; traffic must come back after each."""
+    seen: dict = {}
+    outages = _run_server_mode(guest_env, tmp_path_factory, record_measurement,
+                               sig=signal.SIGKILL, key="restart.packed_status_off", restarts=3,
+                               props={"packed": True, "status": False},
+                               port_opts=",packed=on", seen=seen)
+    _report(record_measurement, "restart.packed_status_off", outages)
+    assert seen["carrier_changes"] == 0, seen

@@ -96,6 +96,8 @@ pub mod feat {
     pub const HOST_USO: u64 = 1 << VIRTIO_NET_F_HOST_USO;
     pub const INDIRECT_DESC: u64 = 1 << VIRTIO_RING_F_INDIRECT_DESC;
     pub const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
+    /// VIRTIO_F_RING_PACKED: packed rings (`TestFrontend::packed_put`).
+    pub const RING_PACKED: u64 = 1 << 34;
     pub const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
     /// VHOST_USER_F_PROTOCOL_FEATURES (bit 30). The frontend acks it by itself whenever
     /// the backend offers it, unless `FrontendOpts::no_protocol_features` is set.
@@ -506,6 +508,19 @@ pub struct TestFrontend {
     mem_end: u64,
     /// Inside `send_batch`: chains go into the avail ring, the index waits.
     batching: bool,
+    /// RING_PACKED was acked: the rings are packed, written slot by slot with
+    /// `packed_put` (the split driver's calls do not apply).
+    packed: bool,
+}
+
+/// One descriptor of a packed ring, as the driver writes it (`packed_put`) or the
+/// device leaves it (`packed_get`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PackedRaw {
+    pub addr: u64,
+    pub len: u32,
+    pub id: u16,
+    pub flags: u16,
 }
 
 const RING_ALIGN: u64 = 4096;
@@ -701,8 +716,13 @@ impl TestFrontend {
         let queues = [make_queue(&mut arena)?, make_queue(&mut arena)?];
         arena.rr = 0;
 
+        // A packed ring starts at slot 0 with both wrap counters at 1 (bit 15 of the
+        // vring base); its descriptor ring is `desc`, the driver's and device's event
+        // structures are at `avail` and `used`.
+        let packed = acked & feat::RING_PACKED != 0;
+        let base = if packed { 0x8000 } else { 0 };
         for (i, q) in queues.iter().enumerate() {
-            set_up_ring(&vu, &mem, i, qs, 0, q)?;
+            set_up_ring(&vu, &mem, i, qs, base, q)?;
             vu.set_vring_call(i, &q.call).context("SET_VRING_CALL")?;
         }
         if use_proto {
@@ -725,6 +745,41 @@ impl TestFrontend {
             mem_end,
             raw,
             batching: false,
+            packed,
+        })
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Packed rings, slot by slot
+
+    /// Whether the rings are packed (RING_PACKED acked).
+    pub fn is_packed(&self) -> bool {
+        self.packed
+    }
+
+    /// Writes `d` into slot `slot` of packed ring `queue` as a driver makes it
+    /// available: address, length and id first, its flags last (release).
+    pub fn packed_put(&mut self, queue: usize, slot: u16, d: PackedRaw) -> Result<()> {
+        ensure!(self.packed, "not a packed ring");
+        let q = &self.queues[queue];
+        ensure!(slot < q.size, "slot {slot} outside the ring");
+        let at = q.desc + 16 * u64::from(slot);
+        self.mem.write_obj(d.addr.to_le(), GuestAddress(at))?;
+        self.mem.write_obj(d.len.to_le(), GuestAddress(at + 8))?;
+        self.mem.write_obj(d.id.to_le(), GuestAddress(at + 12))?;
+        self.mem
+            .store(d.flags.to_le(), GuestAddress(at + 14), Ordering::Release)?;
+        Ok(())
+    }
+
+    /// Slot `slot` of packed ring `queue` as it is now.
+    pub fn packed_get(&self, queue: usize, slot: u16) -> Result<PackedRaw> {
+        let at = self.queues[queue].desc + 16 * u64::from(slot);
+        Ok(PackedRaw {
+            addr: u64::from_le(self.mem.read_obj(GuestAddress(at))?),
+            len: u32::from_le(self.mem.read_obj(GuestAddress(at + 8))?),
+            id: u16::from_le(self.mem.read_obj(GuestAddress(at + 12))?),
+            flags: u16::from_le(self.mem.load(GuestAddress(at + 14), Ordering::Acquire)?),
         })
     }
 
