@@ -3,7 +3,8 @@
 the emulated CPUs, taken from outside (nothing runs in the guests to take it).
 
     sudo python3 scripts/xen_profile.py [--seconds 15] [--hz 50]
-        [--backend gsonet kernel-netback] [--pin] [--streams N] [--domu-vcpus N]
+        [--backend gsonet kernel-netback] [--pin] [--streams N] [--rate 50M]
+        [--domu-vcpus N]
 
 It boots the rig once with the chosen scenarios (guest-tests/xen/scenarios/) and a
 QEMU monitor socket, and while a `measure` of the scenario runs (its XT-MEASURE
@@ -286,6 +287,10 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--streams", type=int, default=1,
                     help="parallel TCP streams of the dom0 <-> domU runs (iperf3 -P)")
+    ap.add_argument("--rate", default="",
+                    help="iperf3's target rate (-b, e.g. 50M): the backends then move the "
+                         "same bytes in the same time, and their profiles differ by what "
+                         "each does per byte, not by the Xen's per-second costs")
     ap.add_argument("--domu-vcpus", type=int, default=1,
                     help="the domUs' vCPUs (a netfront asks for a queue per vCPU)")
     ap.add_argument("--domus", type=int, choices=(1, 2), default=1,
@@ -295,6 +300,8 @@ def main() -> int:
     ap.add_argument("--replay", metavar="JSON",
                     help="print the profile of a run saved before (its samples.json)")
     args = ap.parse_args()
+    if args.rate and not re.fullmatch(r"\d+(\.\d+)?[KMG]?", args.rate):
+        ap.error(f"--rate {args.rate!r}: want iperf3's -b form, e.g. 50M")
     if args.replay:
         report(json.loads(Path(args.replay).read_text()), args.top)
         return 0
@@ -308,8 +315,10 @@ def main() -> int:
     env = {"XT_DOMU_CPUS": "1"} if args.pin else {}
     if args.domu_vcpus > 1:
         env["XT_DOMU_VCPUS"] = str(args.domu_vcpus)
-    if args.streams > 1:
-        env["XT_IPERF_ARGS"] = f"-P {args.streams}"
+    iperf = ([f"-P {args.streams}"] if args.streams > 1 else []) + (
+        [f"-b {args.rate}"] if args.rate else [])
+    if iperf:
+        env["XT_IPERF_ARGS"] = " ".join(iperf)
     script = xen.scenario(*args.backend, XT_SECONDS=args.seconds, XT_PROFILE=1,
                           XT_DOMUS=args.domus, **env)
     rig = xen.XenRig("profile", script, gsonet="gsonet" in args.backend, monitor=mon_path,

@@ -6,14 +6,18 @@ the last turn once more with dom0's system calls counted.
 
     python3 scripts/xen_syscalls.py [--gsonet NAME=BINARY[@VIF-KEYS] ...] [--kernel]
         [--rounds 3] [--seconds 5] [--rate 100M] [--vif-options uring=off]
+    python3 scripts/xen_syscalls.py --replay CONSOLE_LOG [--seconds 5] [--rounds 3]
 
 (e.g. --gsonet q1=target/release/gsonet@queues=1: that build with `,queues=1`
 added to its `--xen-vif auto`; --kernel adds the kernel netback + bridge.)
 
 Per direction and build, per GB moved (medians over the untraced rounds): Mbit/s,
-dom0's CPU seconds without its steal, dom0's context switches, gsonet's threads'
+dom0's CPU seconds without its steal (dom0's own count) and as Xen counts dom0's
+vCPU time (`xl list`: with the time in Xen on dom0's behalf), dom0's context
+switches, gsonet's threads'
 sleeps (voluntary context switches: its wake-ups) and preemptions (involuntary),
-and the vif's counters: frames each way, events gsonet sent the netfront
+the domU's netfront interrupts (the events any netback sent it), and the vif's
+counters: frames each way, events gsonet sent the netfront
 (`tx_calls`, `rx_calls`) and took from it (`tx_kicks`, `rx_kicks`). From the
 counted run: dom0's system calls per GB (every thread's: iperf3's too, for the
 kernel netback as well), gsonet's threads' by kind, their ioctls split into the
@@ -32,6 +36,7 @@ fixed costs of its seconds over fewer bytes.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
 import sys
@@ -60,19 +65,28 @@ threads() {
         END {print v + 0, n + 0}'
 }
 
+# irqs: the domU's netfront interrupts so far (every queue, TX and RX), for any netback
+irqs() {
+    domu_queue_irqs $ip1 | tr ' ' '\n' | awk -F= '{s += $2} END {print s + 0}'
+}
+
 # once TAG DIR: one untraced iperf3 run, with its costs
 once() {
-    local a b
+    local a b i
     [ "$2" = domu_to_dom0 ] && R=-R || R=
     if [ -z "${GSONET_PID:-}" ]; then
+        i="$(irqs)"
         measure "$1.mbps" iperf_mbps -c $ip1 -t "$S" $R $RATE
+        result "$1.domu_irqs" $(($(irqs) - i))
         return
     fi
+    i="$(irqs)"
     gsonet_stats "$1.s0"
     a="$(threads)"
     measure "$1.mbps" iperf_mbps -c $ip1 -t "$S" $R $RATE
     b="$(threads)"
     gsonet_stats "$1.s1"
+    result "$1.domu_irqs" $(($(irqs) - i))
     set -- "$1" $a $b
     result "$1.sleeps" $(($4 - $2))
     result "$1.preempted" $(($5 - $3))
@@ -175,7 +189,16 @@ def main() -> int:
     ap.add_argument("--vif-options", default="", help="more --xen-vif keys, e.g. uring=off")
     ap.add_argument("--kernel", action="store_true",
                     help="also the kernel netback (+ bridge), untraced, in the same boot")
+    ap.add_argument("--replay", metavar="CONSOLE_LOG",
+                    help="print the tables of a boot again from its console log "
+                         "(results/guest-logs/*-xen-syscalls-*.console.log; give the "
+                         "--seconds and --rounds it ran with)")
     args = ap.parse_args()
+    if args.replay:
+        run = replayed(Path(args.replay))
+        names = list(dict.fromkeys(re.findall(r"^RESULT sc\.(\w+)\.r1\.", run.console, re.M)))
+        report(run, [(n, "") for n in names], args)
+        return 0
     specs = args.gsonet or [f"cur={args.binary or paths.GSONET_BIN}"]
     builds: list[tuple[str, str]] = []
     vif_words: dict[str, str] = {}
@@ -207,6 +230,21 @@ def main() -> int:
     run = xen.XenRig("syscalls", script, gsonet_bin=next(p for _, p in builds if p), files=files,
                      timeout=600 + len(builds) * args.rounds * (200 + 12 * args.seconds)
                      ).run()
+    report(run, builds, args)
+    return 0
+
+
+def replayed(log: Path) -> xen.XenRun:
+    """A boot's report, read back from its console log."""
+    text = log.read_text(errors="replace").replace("\r", "")
+    return xen.XenRun(
+        rc=0, results=dict(xen.RESULT.findall(text)),
+        stats={t: json.loads(j) for t, j in xen.STATS.findall(text)},
+        failures=[], console=text, log_path=str(log), seconds=0.0)
+
+
+def report(run: xen.XenRun, builds: list[tuple[str, str]], args: argparse.Namespace) -> None:
+    """Prints the per-GB tables of a boot."""
     # per (build, path): gsonet's threads' calls by name, and every dom0 thread's
     tids: dict[tuple[str, str], set[int]] = {}
     lines = [ln.strip() for ln in run.console.splitlines()]
@@ -234,7 +272,8 @@ def main() -> int:
     def med(vals: list[float]) -> str:
         return f"{statistics.median(vals):,.1f}" if vals else "-"
 
-    print(f"\nXen rig, one boot ({run.seconds:.0f} s), iperf3 {args.seconds} s, one stream"
+    took = f"{run.seconds:.0f} s" if run.seconds else f"replayed from {run.log_path}"
+    print(f"\nXen rig, one boot ({took}), iperf3 {args.seconds} s, one stream"
           f"{f' at {args.rate}bit/s' if args.rate else ''};"
           f" medians of {args.rounds} untraced rounds, per GB")
     for path in PATHS:
@@ -251,7 +290,11 @@ def main() -> int:
                 cpu, steal = num(f"{tag}.mbps.cpu_dom0"), num(f"{tag}.mbps.cpu_steal")
                 if cpu is not None:
                     rows.setdefault("dom0 CPU s", []).append((cpu - (steal or 0)) / gb)
+                xen_cpu = num(f"{tag}.mbps.cpu_dom0_xen")
+                if xen_cpu is not None:
+                    rows.setdefault("dom0 CPU s by Xen's count", []).append(xen_cpu / gb)
                 for key, label in (("mbps.dom0_ctxt", "dom0 ctx switches"),
+                                   ("domu_irqs", "domU netfront interrupts"),
                                    ("sleeps", "gsonet sleeps"),
                                    ("preempted", "gsonet preempted")):
                     v = num(f"{tag}.{key}")
@@ -298,7 +341,6 @@ def main() -> int:
                 print(f"      ioctls: {events / gb:,.0f} events sent, {copies / gb:,.0f}"
                       " grant copies" + (f" of {pages / copies:.1f} pages of frames each"
                                          if copies > 0 else ""))
-    return 0
 
 
 if __name__ == "__main__":
