@@ -343,8 +343,8 @@ impl Vq {
     }
 
     /// Asks the driver to kick when it adds buffers past those it has now (an RX
-    /// queue whose buffers were too few for a frame): `SplitRing::ask_kick`; a
-    /// packed ring asks for a kick at every buffer (`PackedRing::ask_kick`). True
+    /// queue whose buffers were too few for a frame): `SplitRing::ask_kick`;
+    /// `PackedRing::ask_kick` (with EVENT_IDX at the first slot not available). True
     /// when buffers may have come meanwhile (worth another try); `None` for an
     /// unmapped ring.
     pub fn ask_kick(&self, hm: &HostMem<'_>) -> Option<bool> {

@@ -575,16 +575,48 @@ impl PackedRing {
         self.has_avail(hm)
     }
 
-    /// Asks the driver to kick for every buffer it makes available (ENABLE): a
-    /// queue whose available buffers were too few for what the device has to write.
-    /// With EVENT_IDX a wish at `next_avail` would name a buffer the driver made
-    /// available already, and it would not kick again. Returns whether the buffer
-    /// at `next_avail` is available now (read after a full fence), `None` for a
-    /// broken ring.
+    /// Asks the driver to kick when it makes more buffers available than it has
+    /// now (a queue whose available buffers were too few for what the device has
+    /// to write). With EVENT_IDX: at the first slot from `next_avail` on that is not
+    /// available (DESC, that slot and its wrap counter), so the driver kicks once,
+    /// when its next buffer lands there, as the split ring's avail_event past the
+    /// buffers it has; a wish at `next_avail` would name a buffer already there,
+    /// and it would not kick again. Without EVENT_IDX, or with every slot
+    /// available, for every buffer (ENABLE). Returns whether that slot (ENABLE: the
+    /// one at `next_avail`) is available now, read after a full fence, so a buffer
+    /// added while the driver read the old wish is not missed; `None` for a broken
+    /// ring.
     pub fn ask_kick(&self, hm: &HostMem<'_>) -> Option<bool> {
+        if self.event_idx {
+            if let Some(at) = self.first_unavailable(hm)? {
+                hm.store_u16(self.device, at.to_base(), Ordering::Relaxed)?;
+                hm.store_u16(self.device + 2, EVENT_DESC, Ordering::Release)?;
+                store_load_fence();
+                let flags = hm.load_u16(self.slot(at.idx) + FLAGS_AT, Ordering::Acquire)?;
+                return Some(is_avail(flags, at.wrap));
+            }
+        }
         hm.store_u16(self.device + 2, EVENT_ENABLE, Ordering::Release)?;
         store_load_fence();
         self.has_avail(hm)
+    }
+
+    /// The first slot from `next_avail` on whose descriptor is not available under
+    /// its wrap counter (a chain's later descriptors are available as its head is);
+    /// `Some(None)` if the whole ring is, `None` for a broken ring.
+    fn first_unavailable(&self, hm: &HostMem<'_>) -> Option<Option<Pos>> {
+        if !self.in_ring(self.next_avail) {
+            return None;
+        }
+        let mut at = self.next_avail;
+        for _ in 0..self.size {
+            let flags = hm.load_u16(self.slot(at.idx) + FLAGS_AT, Ordering::Acquire)?;
+            if !is_avail(flags, at.wrap) {
+                return Some(Some(at));
+            }
+            at = at.advance(1, self.size);
+        }
+        Some(None)
     }
 
     /// Asks the driver not to kick (the device polls while it works).

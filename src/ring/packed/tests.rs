@@ -669,6 +669,41 @@ fn kicks_are_asked_for_at_the_next_buffer_or_not_at_all() {
 }
 
 #[test]
+fn a_full_queue_asks_for_a_kick_past_the_buffers_it_has() {
+    let m = mem();
+    let h = HostMem::new(&m);
+    let mut d = Driver::new(&m, RING, 8);
+    let r = ring_of(&d, true);
+    // Three buffers (one of two slots) from slot 0, too few for the device: the
+    // kick is asked for at slot 4, the first the driver has not made available.
+    d.add(&m, &[buf(0, 10, true)]);
+    d.add(&m, &[buf(1, 10, true), buf(2, 10, true)]);
+    d.add(&m, &[buf(3, 10, true)]);
+    assert_eq!(r.ask_kick(&h), Some(false));
+    assert_eq!(d.device_event(&m), (EVENT_DESC, 4 | WRAP_BIT));
+    // The driver's next buffer lands there: it kicks (the wish is in what it
+    // added), and a device asking now sees the buffer.
+    let old = Pos { idx: 4, wrap: true };
+    d.add(&m, &[buf(4, 10, true)]);
+    let event = Pos::from_base(d.device_event(&m).1, 8).unwrap();
+    assert!(driver_wants_call(8, old, old.advance(1, 8), event));
+    assert_eq!(r.ask_kick(&h), Some(false));
+    assert_eq!(d.device_event(&m), (EVENT_DESC, 5 | WRAP_BIT));
+    // Past the ring's end, under the next lap's wrap counter.
+    let mut r2 = ring_of(&d, true);
+    r2.next_avail = Pos { idx: 5, wrap: true };
+    for i in 5..8 {
+        d.add(&m, &[buf(i, 10, true)]);
+    }
+    assert_eq!(r2.ask_kick(&h), Some(false));
+    assert_eq!(d.device_event(&m), (EVENT_DESC, 0));
+    // Without EVENT_IDX: a kick for every buffer.
+    let r3 = ring_of(&d, false);
+    assert_eq!(r3.ask_kick(&h), Some(true));
+    assert_eq!(d.device_event(&m).0, EVENT_ENABLE);
+}
+
+#[test]
 fn positions_go_through_the_vring_as_bases() {
     use virtio_queue::{Queue, QueueT};
     let m = mem();
