@@ -467,3 +467,17 @@ def test_status_off_packed_guest(guest_env, tmp_path_factory, record_measurement
                                port_opts=",packed=on", seen=seen)
     _report(record_measurement, "restart.packed_status_off", outages)
     assert seen["carrier_changes"] == 0, seen
+
+
+@pytest.mark.full
+def test_sigterm_packed_guest(guest_env, tmp_path_factory, record_measurement):
+    """A clean stop under a packed guest: gsonet closes the connection itself, so
+    QEMU cannot read the rings back either; the next gsonet resumes them from the
+    record. Three SIGTERMs with the stream running."""
+    seen: dict = {}
+    outages = _run_server_mode(guest_env, tmp_path_factory, record_measurement,
+                               sig=signal.SIGTERM, key="restart.packed_sigterm", restarts=3,
+                               props={"packed": True}, port_opts=",packed=on", seen=seen)
+    _report(record_measurement, "restart.packed_sigterm", outages)
+    assert "packed ring resumed where this port's record has it" in seen["log"], \
+        seen["log"][-3000:]
