@@ -149,6 +149,21 @@ pub fn write_frame_in(
     };
     let qsize = usize::from(ring.size());
 
+    if avail > 0 {
+        // The common case first: the next buffer alone holds the frame.
+        if let Some((head, addr)) = ring.take_single_writable(hm, need) {
+            let mut out = *hdr;
+            out.num_buffers = 1;
+            let hdr_bytes = out.to_bytes();
+            let one = OneBuffer {
+                head: &head,
+                addr,
+                need,
+            };
+            return fill_one(ring, hm, one, &hdr_bytes[..fmt.hdr_len], src, publish);
+        }
+    }
+
     // Claim chains until they can hold the frame.
     let mut have = 0usize;
     while have < need {
@@ -226,18 +241,13 @@ pub fn write_frame_in(
     let hdr_bytes = out.to_bytes();
 
     if let ([(addr, _)], [(head, _)]) = (&scratch.descs[..], &scratch.chains[..]) {
-        // One buffer holds the frame (the common case): written front to back,
-        // without the bookkeeping of a frame spread over buffers and chains.
-        if write_one_buffer(hm, *addr, &hdr_bytes[..fmt.hdr_len], src).is_err() {
-            return_unused(ring, hm, &scratch.chains);
-            return Err(RxError::BadAddress);
-        }
-        let base = ring.used_pos();
-        if !ring.put_used(hm, head, need as u32) || (publish && !ring.publish_used(hm)) {
-            ring.rewind_used(base);
-            return Err(RxError::BadAddress);
-        }
-        return Ok(1);
+        // One buffer holds the frame (a packed ring's, or behind an indirect table).
+        let one = OneBuffer {
+            head,
+            addr: *addr,
+            need,
+        };
+        return fill_one(ring, hm, one, &hdr_bytes[..fmt.hdr_len], src, publish);
     }
 
     // Copy, descriptor by descriptor, remembering how much each chain received.
@@ -290,6 +300,37 @@ pub fn write_frame_in(
         return Err(RxError::BadAddress);
     }
     Ok(chains.len())
+}
+
+/// A claimed chain whose one buffer, at `addr`, holds the whole `need` bytes.
+struct OneBuffer<'h> {
+    head: &'h Head,
+    addr: u64,
+    need: usize,
+}
+
+/// Writes a frame into one buffer front to back, without the bookkeeping of a frame
+/// spread over buffers and chains, and records its used entry (published with
+/// `publish`). A buffer found unmapped goes back unused, as in `write_frame_in`.
+fn fill_one(
+    ring: &mut Vq,
+    hm: &HostMem<'_>,
+    one: OneBuffer<'_>,
+    hdr: &[u8],
+    src: Source<'_>,
+    publish: bool,
+) -> Result<usize, RxError> {
+    if write_one_buffer(hm, one.addr, hdr, src).is_err() {
+        ring.put_used(hm, one.head, 0);
+        ring.publish_used(hm);
+        return Err(RxError::BadAddress);
+    }
+    let base = ring.used_pos();
+    if !ring.put_used(hm, one.head, one.need as u32) || (publish && !ring.publish_used(hm)) {
+        ring.rewind_used(base);
+        return Err(RxError::BadAddress);
+    }
+    Ok(1)
 }
 
 /// Writes the header, then the frame, into the one buffer at `addr` that holds both.

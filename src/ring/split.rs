@@ -239,6 +239,25 @@ impl SplitRing {
         Some(head)
     }
 
+    /// Takes the next available chain if it is one device-writable descriptor of at
+    /// least `need` bytes (not indirect), returning its head and its buffer's address;
+    /// otherwise takes nothing (the caller walks it as any chain). The caller knows
+    /// from `pending` that a chain is available.
+    pub fn take_single_writable(&mut self, hm: &HostMem<'_>, need: usize) -> Option<(u16, u64)> {
+        let slot = u64::from(self.next_avail.0 % self.size);
+        let head = hm.load_u16(self.avail + AVAIL_HEADER + 2 * slot, Ordering::Relaxed)?;
+        if head >= self.size {
+            return None;
+        }
+        let d = Desc::parse(hm.read_array::<16>(self.desc + u64::from(head) * DESC_SIZE)?);
+        let single = !d.has_next() && !d.is_indirect() && d.is_write_only();
+        if !single || (d.len as usize) < need {
+            return None;
+        }
+        self.next_avail += 1;
+        Some((head, d.addr))
+    }
+
     /// Starts loading head `head`'s descriptor (see `HostMem::prefetch`).
     pub fn prefetch_desc(&self, hm: &HostMem<'_>, head: u16) {
         if head < self.size {

@@ -211,6 +211,27 @@ impl Vq {
         }
     }
 
+    /// A split ring's next chain, taken if it is one writable buffer that holds
+    /// `need` bytes (`SplitRing::take_single_writable`): its head and the buffer's
+    /// address. `None` (nothing taken) otherwise, and always for a packed ring.
+    pub fn take_single_writable(&mut self, hm: &HostMem<'_>, need: usize) -> Option<(Head, u64)> {
+        match self {
+            Vq::Split { ring, pending } => {
+                let at = ring.next_avail.0;
+                let (id, addr) = ring.take_single_writable(hm, need)?;
+                *pending = pending.map(|n| n.saturating_sub(1));
+                let head = Head {
+                    at,
+                    id,
+                    slots: 1,
+                    walked: None,
+                };
+                Some((head, addr))
+            }
+            Vq::Packed { .. } => None,
+        }
+    }
+
     /// Takes the next available buffer, walking at most `max` of its descriptors if
     /// the layout walks it now (packed). `None` if none is available.
     pub fn take(&mut self, hm: &HostMem<'_>, max: usize) -> Option<Head> {
