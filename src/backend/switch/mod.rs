@@ -344,10 +344,15 @@ pub struct Route<'a> {
     /// An untagged-domain frame carrying a tag no port uses (from an uplink): trunk
     /// ports, which take tagged frames of their allowed VLANs only, do not get it.
     foreign: bool,
-    /// For access ports of the VLAN (and everyone in the untagged domain).
-    untagged: Option<Frame<'a>>,
-    /// For trunk ports and uplinks, which carry the VLAN tagged.
-    tagged: Option<Frame<'a>>,
+    /// The frame as it came, which destinations that see its VLAN the way it came
+    /// (tagged or not) get, and everyone in the untagged domain.
+    frame: &'a Frame<'a>,
+    /// The frame with its tag pushed or popped, for the other destinations; `None`
+    /// where none of them gets it. (Held by reference and made only when needed:
+    /// most frames are routed as they came, and a `Frame` is 176 bytes.)
+    retagged: Option<Frame<'a>>,
+    /// Whether the frame came with its VLAN's tag (from a trunk port or an uplink).
+    came_tagged: bool,
 }
 
 impl<'a> Route<'a> {
@@ -358,10 +363,10 @@ impl<'a> Route<'a> {
 
     /// The view of the frame destination `e` gets.
     pub fn view(&self, e: Endpoint) -> Option<&Frame<'a>> {
-        if self.domain.is_some() && self.topo.sees_tags(e) {
-            self.tagged.as_ref()
+        if self.domain.is_none() || self.topo.sees_tags(e) == self.came_tagged {
+            Some(self.frame)
         } else {
-            self.untagged.as_ref()
+            self.retagged.as_ref()
         }
     }
 }
@@ -547,7 +552,7 @@ impl Switch {
         &'a self,
         topo: &'a Topology,
         src: Endpoint,
-        frame: &Frame<'a>,
+        frame: &'a Frame<'a>,
         views: &'a mut ViewBuf<'a>,
         now: Instant,
         memo: &mut FdbMemo,
@@ -644,19 +649,15 @@ impl Switch {
                 return None;
             }
         };
-        let (untagged, tagged) = match (domain, ingress.tagged) {
-            (None, _) => (Some(*frame), Some(*frame)),
-            (Some(_), false) => (Some(*frame), retagged),
-            (Some(_), true) => (retagged, Some(*frame)),
-        };
         Some(Route {
             topo,
             src,
             known,
             domain,
             foreign,
-            untagged,
-            tagged,
+            frame,
+            retagged,
+            came_tagged: ingress.tagged,
         })
     }
 
@@ -811,8 +812,8 @@ impl Switch {
             Self::made_whole(frame, ctx, move |whole, ctx| {
                 // An untagged-domain frame: every destination sees it as it is.
                 let route = Route {
-                    untagged: Some(*whole),
-                    tagged: Some(*whole),
+                    frame: whole,
+                    retagged: Some(*whole),
                     ..route
                 };
                 self.send(&route, queue, ctx, OnFull::Count)
