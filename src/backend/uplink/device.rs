@@ -122,14 +122,16 @@ impl<D: UplinkDevice> DeviceUplink<D> {
         }
     }
 
-    fn cfg(&self) -> UplinkConfig {
-        self.cfg.read().unwrap_or_else(|e| e.into_inner()).clone()
+    /// `f` of the configuration as it is, read in place: the switch asks for the
+    /// GSO mode and burst of every frame, and a clone would copy the tap's name.
+    fn with_cfg<T>(&self, f: impl FnOnce(&UplinkConfig) -> T) -> T {
+        f(&self.cfg.read().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
 impl<D: UplinkDevice> Destination for DeviceUplink<D> {
     fn caps(&self) -> Caps {
-        match self.cfg().gso {
+        match self.with_cfg(|c| c.gso) {
             GsoMode::Pass => Caps::ALL,
             // Segment here; the kernel still finishes partial checksums.
             GsoMode::Software => Caps {
@@ -140,7 +142,7 @@ impl<D: UplinkDevice> Destination for DeviceUplink<D> {
     }
 
     fn max_burst(&self) -> Option<usize> {
-        self.cfg().max_burst
+        self.with_cfg(|c| c.max_burst)
     }
 
     fn rx_wait(&self) -> Option<std::time::Duration> {
@@ -212,7 +214,7 @@ impl<D: UplinkDevice> Uplink for DeviceUplink<D> {
     }
 
     fn gso_mode(&self) -> GsoMode {
-        self.cfg().gso
+        self.with_cfg(|c| c.gso)
     }
 
     fn set_gso_mode(&self, mode: GsoMode) {
@@ -231,8 +233,7 @@ impl<D: UplinkDevice> Uplink for DeviceUplink<D> {
     }
 
     fn rates(&self) -> (Option<RateLimit>, Option<RateLimit>) {
-        let c = self.cfg();
-        (c.rate, c.rx_rate)
+        self.with_cfg(|c| (c.rate, c.rx_rate))
     }
 
     fn set_rate(&self, r: Option<RateLimit>) {
