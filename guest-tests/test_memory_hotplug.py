@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -175,10 +176,13 @@ def _plug_dimm(q: Qmp, k: int) -> None:
 
 def _guest_mem(g: HotplugGuest) -> tuple[int, int]:
     """(MemTotal in kB, memory blocks online) as the guest sees them."""
-    out = g.run_ok("awk '/MemTotal/ {print $2}' /proc/meminfo; "
-                   "cat /sys/devices/system/memory/memory*/state | grep -c '^online'")
-    total, online = out.split()
-    return int(total), int(online)
+    # One marked line: the kernel's own messages (virtio_mem's, as memory goes) may
+    # come out on the console between the command's lines.
+    out = g.run_ok("echo \"MEMSTATE $(awk '/MemTotal/ {print $2}' /proc/meminfo) "
+                   "$(cat /sys/devices/system/memory/memory*/state | grep -c '^online')\"")
+    m = re.search(r"^MEMSTATE (\d+) (\d+)\s*$", out, re.M)
+    assert m, f"no memory state in the guest's answer: {out!r}"
+    return int(m.group(1)), int(m.group(2))
 
 
 def _fill(g: HotplugGuest, mb: int) -> None:
