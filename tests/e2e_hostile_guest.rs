@@ -47,7 +47,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::daemon::{tun_available, Daemon, DaemonSpec};
+use common::daemon::{tun_available, Daemon, DaemonSpec, CHAIN_REASONS};
 use common::frames::{self, finish_csum, Flow, Ips, UdpGso};
 use common::frontend::{feat, FrontendOpts, RawDesc, RxFrame, TestFrontend, TxLayout, RX_QUEUE};
 use etherparse::{LaxNetSlice, LaxSlicedPacket, NetSlice, SlicedPacket, TransportSlice};
@@ -65,17 +65,6 @@ const RX_BUF: u32 = 2048;
 /// RX buffers A keeps posted (few, so that bad buffers behind them are reached soon).
 const A_RX: usize = 16;
 
-/// TX drop reasons that mean "the chain itself was unreadable" (counted instead of a
-/// TX frame); every other reason on A's counters comes after the frame was counted.
-const CHAIN_REASONS: [&str; 7] = [
-    "bad_address",
-    "writable_descriptor",
-    "too_short",
-    "too_long",
-    "bad_header",
-    "too_many_descriptors",
-    "broken_chain",
-];
 /// Drop reasons of frames lost on the way into a guest's RX queue.
 const RX_REASONS: [&str; 4] = [
     "rx_queue_full",

@@ -26,7 +26,7 @@ mod common;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::daemon::{drop_count, port_counter, Daemon, DaemonSpec};
+use common::daemon::{drop_count, port_counter, Daemon, DaemonSpec, CHAIN_REASONS};
 use common::frontend::{feat, FrontendOpts, PackedRaw, TestFrontend, TX_QUEUE};
 use serde_json::Value;
 
@@ -38,16 +38,6 @@ const AVAIL: u16 = 1 << 7;
 const USED: u16 = 1 << 15;
 const NEXT: u16 = 1;
 const INDIRECT: u16 = 4;
-/// The TX chain drop reasons (as the split suite counts them).
-const CHAIN_REASONS: [&str; 7] = [
-    "bad_address",
-    "writable_descriptor",
-    "too_short",
-    "too_long",
-    "bad_header",
-    "too_many_descriptors",
-    "broken_chain",
-];
 
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());

@@ -331,6 +331,19 @@ pub fn uplink_counter(stats: &Value, uplink: usize, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// TX drop reasons that mean "the chain itself was unreadable": counted instead of a
+/// TX frame (every other reason on a sender's counters comes after its frame was
+/// counted), on a split ring as on a packed one.
+pub const CHAIN_REASONS: [&str; 7] = [
+    "bad_address",
+    "writable_descriptor",
+    "too_short",
+    "too_long",
+    "bad_header",
+    "too_many_descriptors",
+    "broken_chain",
+];
+
 /// One drop reason of a `stats` object (a port's or an uplink's).
 pub fn drop_count(stats: &Value, reason: &str) -> u64 {
     stats["drops"][reason].as_u64().unwrap_or(0)
