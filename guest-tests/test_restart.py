@@ -437,6 +437,19 @@ def test_clean_stop_removes_sockets_and_keeps_the_tap(guest_env, tmp_path_factor
         delete_link(tap)
 
 
+def _packed_restarts(guest_env, tmp_path_factory, record_measurement, sig, key: str,
+                     **props) -> dict:
+    """Three restarts by ``sig`` under a packed guest (QEMU packed=on, port
+    packed=on, more device ``props``), the outages recorded under ``key``; what the
+    runs saw (gsonet's log, carrier changes)."""
+    seen: dict = {}
+    outages = _run_server_mode(guest_env, tmp_path_factory, record_measurement,
+                               sig=sig, key=key, restarts=3, props={"packed": True, **props},
+                               port_opts=",packed=on", seen=seen)
+    _report(record_measurement, key, outages)
+    return seen
+
+
 @pytest.mark.slow
 def test_sigkill_packed_guest(guest_env, tmp_path_factory, record_measurement):
     """A guest with packed rings (QEMU packed=on, port packed=on): SIGKILL while the
@@ -445,11 +458,8 @@ def test_sigkill_packed_guest(guest_env, tmp_path_factory, record_measurement):
     the base of its first start: the new gsonet resumes the rings where the port's
     record (SOCKET.rings) has them, and says so. Without the record the queues never
     move again (no ping reply after the first restart)."""
-    seen: dict = {}
-    outages = _run_server_mode(guest_env, tmp_path_factory, record_measurement,
-                               sig=signal.SIGKILL, key="restart.packed_sigkill", restarts=3,
-                               props={"packed": True}, port_opts=",packed=on", seen=seen)
-    _report(record_measurement, "restart.packed_sigkill", outages)
+    seen = _packed_restarts(guest_env, tmp_path_factory, record_measurement,
+                            signal.SIGKILL, "restart.packed_sigkill")
     assert "packed ring resumed where this port's record has it" in seen["log"], \
         seen["log"][-3000:]
 
@@ -460,12 +470,8 @@ def test_status_off_packed_guest(guest_env, tmp_path_factory, record_measurement
     outage, and QEMU, with no backend, drops those frames itself at its own (stale)
     position in the TX ring (docs/architecture.md, "Packed rings"). Three SIGKILLs
     with the stream running; traffic must come back after each."""
-    seen: dict = {}
-    outages = _run_server_mode(guest_env, tmp_path_factory, record_measurement,
-                               sig=signal.SIGKILL, key="restart.packed_status_off", restarts=3,
-                               props={"packed": True, "status": False},
-                               port_opts=",packed=on", seen=seen)
-    _report(record_measurement, "restart.packed_status_off", outages)
+    seen = _packed_restarts(guest_env, tmp_path_factory, record_measurement,
+                            signal.SIGKILL, "restart.packed_status_off", status=False)
     assert seen["carrier_changes"] == 0, seen
 
 
@@ -474,10 +480,7 @@ def test_sigterm_packed_guest(guest_env, tmp_path_factory, record_measurement):
     """A clean stop under a packed guest: gsonet closes the connection itself, so
     QEMU cannot read the rings back either; the next gsonet resumes them from the
     record. Three SIGTERMs with the stream running."""
-    seen: dict = {}
-    outages = _run_server_mode(guest_env, tmp_path_factory, record_measurement,
-                               sig=signal.SIGTERM, key="restart.packed_sigterm", restarts=3,
-                               props={"packed": True}, port_opts=",packed=on", seen=seen)
-    _report(record_measurement, "restart.packed_sigterm", outages)
+    seen = _packed_restarts(guest_env, tmp_path_factory, record_measurement,
+                            signal.SIGTERM, "restart.packed_sigterm")
     assert "packed ring resumed where this port's record has it" in seen["log"], \
         seen["log"][-3000:]
