@@ -79,26 +79,24 @@ def frames_written(dump: Path) -> int:
     return n
 
 
-def top_functions(dump: Path, frames: int, n: int) -> list[tuple[float, str]]:
-    """The functions with the most instructions of their own, per frame."""
+def annotate(dump: Path, frames: int, n: int) -> tuple[int, list[tuple[float, str]]]:
+    """The dump's instructions in all, and the ``n`` functions with the most
+    instructions of their own, per frame (one callgrind_annotate)."""
     out = subprocess.run(["callgrind_annotate", "--threshold=100", str(dump)],
                          capture_output=True, text=True, check=True).stdout
+    total = None
     rows = []
     for line in out.splitlines():
+        if "PROGRAM TOTALS" in line:
+            total = int(line.split()[0].replace(",", ""))
+            continue
         m = re.match(r"^\s*([\d,]+) \([ \d.]+%\)\s+(\S.*)$", line)
-        if m and "PROGRAM TOTALS" not in line:
+        if m:
             name = m.group(2).split(":", 1)[-1].split(" [")[0]
             rows.append((int(m.group(1).replace(",", "")) / frames, name))
-    return rows[:n]
-
-
-def total_instructions(dump: Path) -> int:
-    out = subprocess.run(["callgrind_annotate", "--threshold=100", str(dump)],
-                         capture_output=True, text=True, check=True).stdout
-    for line in out.splitlines():
-        if "PROGRAM TOTALS" in line:
-            return int(line.split()[0].replace(",", ""))
-    raise RuntimeError(f"{dump}: no totals")
+    if total is None:
+        raise RuntimeError(f"{dump}: no totals")
+    return total, rows[:n]
 
 
 def measure(label: str, binary: str, row: str, seconds: float, bursts: int,
@@ -129,9 +127,9 @@ def measure(label: str, binary: str, row: str, seconds: float, bursts: int,
     frames = frames_written(dump)
     if frames <= 0:
         raise RuntimeError(f"{label}: no frames written in the window ({FRAME_FN})")
-    total = total_instructions(dump)
+    total, funcs = annotate(dump, frames, top)
     return {"label": label, "row": row, "frames": frames, "per_frame": total / frames,
-            "top": top_functions(dump, frames, top)}
+            "top": funcs}
 
 
 def main() -> int:
