@@ -472,14 +472,14 @@ pub fn forward_holding(
     ctx: &mut DeliverCtx,
     held: &mut Held,
 ) {
-    if frame.guest.is_some() && !switch.untagged_source(src) {
+    let topo = switch.batch_topology();
+    if frame.guest.is_some() && !topo.0.untagged_source(src) {
         Switch::made_whole(frame, ctx, |whole, ctx| {
             forward_holding(switch, src, queue, whole, ctx, held);
             Some(())
         });
         return;
     }
-    let topo = switch.batch_topology();
     let mut views = ViewBuf::default();
     let now = ctx.now();
     if let Some(route) = switch.route(&topo.0, src, frame, &mut views, now, &mut ctx.fdb_memo) {

@@ -199,6 +199,12 @@ impl Topology {
         }
     }
 
+    /// Whether a one-copy frame from `src` goes on as it is (its views are the frame
+    /// itself): `forward` makes it whole first otherwise.
+    fn untagged_source(&self, src: Endpoint) -> bool {
+        matches!(self.attach(src), Attach::Untagged)
+    }
+
     fn attach(&self, e: Endpoint) -> Attach<'_> {
         match e {
             Endpoint::Port(i) => match self.role(i) {
@@ -695,14 +701,14 @@ impl Switch {
     /// flood or a source whose frames may be retagged, and in `deliver_in` for any
     /// other destination.
     pub fn forward(&self, src: Endpoint, queue: usize, frame: &Frame, ctx: &mut DeliverCtx) {
-        if frame.guest.is_some() && !self.untagged_source(src) {
+        let topo = self.topo.load();
+        if frame.guest.is_some() && !topo.untagged_source(src) {
             Self::made_whole(frame, ctx, |whole, ctx| {
                 self.forward(src, queue, whole, ctx);
                 Some(())
             });
             return;
         }
-        let topo = self.topo.load();
         let mut views = ViewBuf::default();
         let now = ctx.now();
         let Some(route) = self.route(&topo, src, frame, &mut views, now, &mut ctx.fdb_memo) else {
@@ -734,7 +740,7 @@ impl Switch {
         run: &mut Run<'a>,
     ) {
         let topo: &Topology = &topo.0;
-        if frame.guest.is_some() && !matches!(topo.attach(src), Attach::Untagged) {
+        if frame.guest.is_some() && !topo.untagged_source(src) {
             run.flush(ctx);
             return match run.held() {
                 Some(held) => backpressure::forward_holding(self, src, queue, frame, ctx, held),
@@ -798,12 +804,6 @@ impl Switch {
         let takes = frame.guest.is_none() || port.takes_guest_bytes(queue);
         (intact && takes && !deliver::gro_applies(port.as_ref(), caps))
             .then(|| (port, dst, deliver::rx_header(&frame.hdr, caps)))
-    }
-
-    /// Whether a one-copy frame from `src` goes on as it is (its views are the frame
-    /// itself): `forward` makes it whole first otherwise.
-    fn untagged_source(&self, src: Endpoint) -> bool {
-        matches!(self.topo.load().attach(src), Attach::Untagged)
     }
 
     /// Sends a routed frame on: the rest of `forward`.
