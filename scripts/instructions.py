@@ -146,6 +146,9 @@ def main() -> int:
     ap.add_argument("--bursts", type=int, default=8,
                     help="bursts of 32 frames per port in flight (start tx_first N)")
     ap.add_argument("--top", type=int, default=12, help="functions listed per build")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="keep the callgrind files in DIR (for callgrind_annotate "
+                         "--inclusive=yes or kcachegrind)")
     args = ap.parse_args()
     for tool in ("valgrind", "callgrind_control", "callgrind_annotate"):
         if not shutil.which(tool):
@@ -161,7 +164,11 @@ def main() -> int:
     rows = [r for r in args.rows.split(",") if r]
     if bad := [r for r in rows if r not in ROWS]:
         sys.exit(f"instructions.py: unknown rows {bad}; choose from {','.join(ROWS)}")
-    work = Path(tempfile.mkdtemp(prefix="gsonet-instr-"))
+    if args.keep:
+        work = Path(args.keep)
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        work = Path(tempfile.mkdtemp(prefix="gsonet-instr-"))
     results = []
     try:
         for row in rows:
@@ -170,7 +177,8 @@ def main() -> int:
                 results.append(measure(f"{label}-{row}", path, row, args.seconds,
                                        args.bursts, work, args.top))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     for r in results:
         print(f"\n{r['label']}: {r['per_frame']:,.0f} instructions per frame "
               f"({r['frames']:,} frames)")

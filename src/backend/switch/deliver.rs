@@ -259,6 +259,8 @@ pub struct DeliverCtx {
     batch_now: Option<(Instant, u32)>,
     /// The FDB's last answer to this sender (`Switch::route`).
     pub fdb_memo: super::fdb::FdbMemo,
+    /// Where the sender's last frame that joined a run went (`Switch::forward_in_run`).
+    pub join_memo: super::memo::JoinMemo,
 }
 
 impl DeliverCtx {
@@ -276,6 +278,7 @@ impl DeliverCtx {
         }
         self.pending.flush();
         self.batch_now = None;
+        self.join_memo.forget();
     }
 
     /// The time of the current batch: read at its first frame and kept until `flush`,
@@ -287,7 +290,10 @@ impl DeliverCtx {
                 *uses += 1;
                 *t
             }
-            slot => slot.insert((Instant::now(), 1)).0,
+            slot => {
+                self.join_memo.forget();
+                slot.insert((Instant::now(), 1)).0
+            }
         }
     }
 

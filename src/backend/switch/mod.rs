@@ -11,6 +11,7 @@
 pub mod backpressure;
 pub mod deliver;
 pub mod fdb;
+pub mod memo;
 pub mod run;
 pub mod stable;
 pub mod vlan;
@@ -34,6 +35,7 @@ use crate::vnet_hdr::VirtioNetHdr;
 use backpressure::RxRoom;
 use deliver::{deliver, Again, DeliverCtx, Destination, OnFull, Outcome, FIRST};
 use fdb::{Fdb, FdbMemo, Learned, MemoKey, UPLINK_MAC_LIMIT};
+use memo::{JoinKey, Joined};
 use run::{Run, RunFrame, Stable};
 use vlan::{classify, Attach, ViewBuf};
 
@@ -153,6 +155,8 @@ struct UplinkSlot {
 /// without a lock (`ArcSwap`); a change builds a new one and swaps it in, so a frame
 /// being routed keeps the set it started with.
 struct Topology {
+    /// Unique to this set in the process: what a sender's `JoinMemo` names it by.
+    serial: u64,
     ports: Vec<PortSlot>,
     uplinks: Vec<UplinkSlot>,
     /// Every VLAN some port uses (access VLANs and trunk ports' allowed VIDs),
@@ -171,16 +175,22 @@ impl Topology {
                 used.insert(v);
             }
         }
+        static SERIALS: AtomicU64 = AtomicU64::new(0);
         Topology {
+            serial: SERIALS.fetch_add(1, Relaxed),
             ports,
             uplinks,
             vlans: used.iter().collect(),
         }
     }
 
+    /// Where port `id` is in `ports`.
+    fn port_slot(&self, id: usize) -> Option<usize> {
+        self.ports.binary_search_by_key(&id, |p| p.id).ok()
+    }
+
     fn port(&self, id: usize) -> Option<&PortSlot> {
-        let i = self.ports.binary_search_by_key(&id, |p| p.id).ok()?;
-        Some(&self.ports[i])
+        Some(&self.ports[self.port_slot(id)?])
     }
 
     fn uplink(&self, id: usize) -> Option<&UplinkSlot> {
@@ -747,30 +757,39 @@ impl Switch {
                 None => self.forward(src, queue, frame, ctx),
             };
         }
-        let mut views = ViewBuf::default();
         let now = ctx.now();
+        let key = JoinKey {
+            topology: topo.serial,
+            src,
+            queue,
+            from: frame.src,
+            to: frame.dst,
+            tag: frame.tag,
+            hdr: frame.hdr,
+            one_copy: frame.guest.is_some(),
+            now,
+            generation: self.fdb_changes.load(Acquire),
+        };
+        // Waiting frames for the guest come first: such a frame is routed to go
+        // after them.
+        let waits = |run: &mut Run, dst| run.held().is_some_and(|h| h.has_for(dst));
+        if let Some(j) = ctx.join_memo.get(&key) {
+            if !waits(run, j.dst) {
+                return Self::join(&topo.ports[j.slot].port, j, frame, bytes, queue, ctx, run);
+            }
+        }
+        let mut views = ViewBuf::default();
         let Some(route) = self.route(topo, src, frame, &mut views, now, &mut ctx.fdb_memo) else {
             return;
         };
-        let waits = |run: &mut Run| {
-            let dst = route.unicast()?;
-            run.held()?.has_for(dst).then_some(())
-        };
-        let joins = match waits(run) {
-            // Frames wait for that guest already: this one goes after them.
-            Some(()) => None,
-            None => Self::joins_run(&route, queue, frame),
+        let joins = match route.unicast() {
+            Some(dst) if waits(run, dst) => None,
+            _ => Self::joins_run(&route, queue, frame),
         };
         match joins {
-            Some((port, dst, hdr)) => {
-                if ctx.rx_admit(port.as_ref(), frame) {
-                    let f = RunFrame {
-                        hdr,
-                        head: bytes.head,
-                        tail: bytes.tail,
-                    };
-                    run.push((port, dst), queue, f, frame.hdr, ctx);
-                }
+            Some(j) => {
+                ctx.join_memo.set(key, j);
+                Self::join(&topo.ports[j.slot].port, j, frame, bytes, queue, ctx, run);
             }
             None => {
                 run.flush(ctx);
@@ -782,14 +801,30 @@ impl Switch {
         }
     }
 
-    /// The guest port `route` sends `frame` to, and the frame's RX header, if the
-    /// frame goes there as it is (not retagged, not cut, not coalesced), through
-    /// `queue`.
-    fn joins_run<'r>(
-        route: &'r Route,
-        queue: usize,
+    /// Adds `frame` (`bytes`) to `run`, for the guest port `port` `joined` names.
+    fn join<'a>(
+        port: &Arc<dyn SwitchPort>,
+        joined: Joined,
         frame: &Frame,
-    ) -> Option<(&'r Arc<dyn SwitchPort>, Endpoint, VirtioNetHdr)> {
+        bytes: Stable<'a>,
+        queue: usize,
+        ctx: &mut DeliverCtx,
+        run: &mut Run<'a>,
+    ) {
+        if ctx.rx_admit(port.as_ref(), frame) {
+            let f = RunFrame {
+                hdr: joined.hdr,
+                head: bytes.head,
+                tail: bytes.tail,
+            };
+            run.push((port, joined.dst), queue, f, frame.hdr, ctx);
+        }
+    }
+
+    /// Where `route` sends `frame`, and the frame's RX header, if the frame goes as
+    /// it is (not retagged, not cut, not coalesced) to one guest port, through
+    /// `queue`.
+    fn joins_run(route: &Route, queue: usize, frame: &Frame) -> Option<Joined> {
         let dst @ Endpoint::Port(i) = route.known? else {
             return None;
         };
@@ -797,13 +832,17 @@ impl Switch {
         if !std::ptr::eq(view.parts, frame.parts) {
             return None;
         }
-        let port = &route.topo.port(i)?.port;
+        let slot = route.topo.port_slot(i)?;
+        let port = &route.topo.ports[slot].port;
         let caps = port.caps();
         let intact =
             deliver::choose(&frame.hdr, caps, port.max_burst().is_some()) == deliver::Path::Intact;
         let takes = frame.guest.is_none() || port.takes_guest_bytes(queue);
-        (intact && takes && !deliver::gro_applies(port.as_ref(), caps))
-            .then(|| (port, dst, deliver::rx_header(&frame.hdr, caps)))
+        (intact && takes && !deliver::gro_applies(port.as_ref(), caps)).then(|| Joined {
+            slot,
+            dst,
+            hdr: deliver::rx_header(&frame.hdr, caps),
+        })
     }
 
     /// Sends a routed frame on: the rest of `forward`.

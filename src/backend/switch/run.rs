@@ -296,6 +296,38 @@ mod tests {
     }
 
     #[test]
+    fn a_move_of_the_destination_mid_batch_takes_the_next_frame_with_it() {
+        let (sw, ports) = learnt(3);
+        let to_one = |n: usize| ethernet(mac(1).0, mac(0).0, &[], 0x0800, &pattern(60 + n));
+        let (a, b) = (to_one(0), to_one(1));
+        let mut ctx = DeliverCtx::default();
+        let mut run = Run::new(RunSpare::default());
+        send_in_run(&sw, 0, &a, &mut ctx, &mut run);
+        // Port 1's address shows up behind port 2, between two frames of the batch
+        // (same addresses, same header: the second would reuse the first's answer).
+        let moved = ethernet(Mac::BROADCAST.0, mac(1).0, &[], 0x0800, &pattern(70));
+        let moved_parts = [&moved[..]];
+        let f = Frame::new(VirtioNetHdr::default(), &moved_parts, None).unwrap();
+        sw.forward(Endpoint::Port(2), 0, &f, &mut DeliverCtx::default());
+        send_in_run(&sw, 0, &b, &mut ctx, &mut run);
+        run.flush(&mut ctx);
+        // Port 2's own flood reaches port 1 too; port 0's frames are what counts.
+        let from_zero = |p: &Recorder| -> Vec<Vec<u8>> {
+            p.take()
+                .into_iter()
+                .map(|(_, f)| f)
+                .filter(|f| f[6..12] == mac(0).0)
+                .collect()
+        };
+        assert_eq!(from_zero(&ports[1]), [a]);
+        assert_eq!(
+            from_zero(&ports[2]),
+            [b],
+            "the table's new answer, not the memo's"
+        );
+    }
+
+    #[test]
     fn a_recycled_vector_keeps_its_allocation() {
         let mut v: Vec<RunFrame<'static>> = Vec::with_capacity(64);
         let frame = RunFrame {

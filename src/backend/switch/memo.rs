@@ -1,0 +1,63 @@
+//! A sender's memo of its last frame that joined a run (`Switch::forward_in_run`):
+//! the next frames of its batch with the same addresses, tag and header, to the same
+//! queue, join the same run without being routed again. Frames of one batch are
+//! mostly one flow, so most frames skip the route (its checks, VLAN classing and
+//! table memo) and the choice of path.
+//!
+//! The answer is the one routing would give: everything routing and the choice of
+//! path read is in the key, the topology by its serial and the table by its
+//! generation, or is read once per batch, as the topology already is: the
+//! destination's offloads (the memo is forgotten at the end of each batch,
+//! `DeliverCtx::flush`, and whenever the batch's time is read again).
+
+use std::time::Instant;
+
+use super::Endpoint;
+use crate::l2::{Mac, Tag};
+use crate::vnet_hdr::VirtioNetHdr;
+
+/// What the decision for a frame depends on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct JoinKey {
+    /// `Topology::serial` of the topology the batch routes by.
+    pub topology: u64,
+    pub src: Endpoint,
+    pub queue: usize,
+    pub from: Mac,
+    pub to: Mac,
+    pub tag: Tag,
+    pub hdr: VirtioNetHdr,
+    /// A one-copy frame (part of it still in the sender's buffers).
+    pub one_copy: bool,
+    /// The batch's time, which the table's answers are dated by.
+    pub now: Instant,
+    /// The table's generation.
+    pub generation: u64,
+}
+
+/// Where such a frame goes: the guest port at `slot` of the topology's ports
+/// (endpoint `dst`), with the RX header `hdr`.
+#[derive(Clone, Copy)]
+pub struct Joined {
+    pub slot: usize,
+    pub dst: Endpoint,
+    pub hdr: VirtioNetHdr,
+}
+
+/// The sender's last decision, if it is still the batch's.
+#[derive(Default)]
+pub struct JoinMemo(Option<(JoinKey, Joined)>);
+
+impl JoinMemo {
+    pub fn get(&self, key: &JoinKey) -> Option<Joined> {
+        self.0.as_ref().filter(|(k, _)| k == key).map(|(_, j)| *j)
+    }
+
+    pub fn set(&mut self, key: JoinKey, joined: Joined) {
+        self.0 = Some((key, joined));
+    }
+
+    pub fn forget(&mut self) {
+        self.0 = None;
+    }
+}
