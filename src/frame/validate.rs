@@ -758,7 +758,6 @@ mod tests {
     #[test]
     fn a_head_with_every_header_is_judged_as_the_whole_frame() {
         use crate::ring::guest_mem::GuestMem;
-        use crate::ring::host::HostMem;
         use crate::ring::tx::ONE_COPY_HEAD;
         use vm_memory::{Bytes, GuestAddress};
         let mem = GuestMem::from_ranges(&[(GuestAddress(0), 0x20000)]).unwrap();
@@ -774,7 +773,7 @@ mod tests {
                 .unwrap();
             let pieces = [(0x1000u64, (f.len() - ONE_COPY_HEAD) as u32)];
             let tail = GuestTail {
-                mem: HostMem::new(&mem),
+                mem: &mem,
                 pieces: &pieces,
                 len: f.len() - ONE_COPY_HEAD,
             };

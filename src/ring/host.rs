@@ -3,10 +3,10 @@
 //! vm-memory's generic accessors translate and bounds-check a guest range region by
 //! region through an iterator of slices on every call; at one call per descriptor,
 //! used entry and index that cost more than the rest of a 64-byte frame's trip.
-//! `HostMem` does the same checks once per range with one binary search over the
-//! regions and copies with the semantics vm-memory uses itself: a plain `memcpy`
-//! (`ptr::copy_nonoverlapping`) for anything longer than a word, single volatile
-//! accesses for ring fields. No `&[u8]` or `&mut [u8]` is ever formed over guest
+//! `HostMem` does the same checks once per range, with the region the last access
+//! fell in or else one binary search over the regions, and copies with the
+//! semantics vm-memory uses itself: a plain `memcpy` (`ptr::copy_nonoverlapping`)
+//! for anything longer than a word, single volatile accesses for ring fields. No `&[u8]` or `&mut [u8]` is ever formed over guest
 //! memory: the guest (and the other guest, guest to guest) may change those bytes at
 //! any moment, so they only ever cross this boundary as raw copies into or out of
 //! memory gsonet owns, or between two guests' mappings.
@@ -17,6 +17,7 @@
 // The datapath's only unsafe code outside `sys`: each block states its invariant.
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 
 use vm_memory::bitmap::Bitmap;
@@ -34,22 +35,76 @@ const CACHE_LINE: usize = 64;
 #[derive(Clone, Copy)]
 struct Span<'a> {
     host: *mut u8,
-    region: &'a vm_memory::GuestRegionMmap<super::guest_mem::DirtyLog>,
+    region: &'a Region,
     /// Offset of `host` in the region, for the dirty log.
     offset: usize,
     /// Bytes of the range in this region (at most what was asked).
     len: usize,
 }
 
-/// Guest memory as the datapath reads and writes it: checked ranges, raw copies.
+type Region = vm_memory::GuestRegionMmap<super::guest_mem::DirtyLog>;
+
+/// A mapped region as `span` needs it: its guest range, where its mapping starts,
+/// and the region itself (for its dirty log).
 #[derive(Clone, Copy)]
+struct Found {
+    start: u64,
+    /// Bytes in the region.
+    len: u64,
+    host: *mut u8,
+    region: *const Region,
+}
+
+/// Guest memory as the datapath reads and writes it: checked ranges, raw copies.
 pub struct HostMem<'a> {
     mem: &'a GuestMem,
+    /// The region the last access fell in, found in `mem`: a batch's rings and
+    /// buffers nearly always lie in one or two regions, so most accesses skip the
+    /// search over the regions and the pointer chase into each one it compares.
+    last: Cell<Option<Found>>,
+}
+
+impl Clone for HostMem<'_> {
+    fn clone(&self) -> Self {
+        HostMem {
+            mem: self.mem,
+            last: self.last.clone(),
+        }
+    }
 }
 
 impl<'a> HostMem<'a> {
     pub fn new(mem: &'a GuestMem) -> HostMem<'a> {
-        HostMem { mem }
+        HostMem {
+            mem,
+            last: Cell::new(None),
+        }
+    }
+
+    /// The guest memory this reads and writes.
+    pub fn guest_mem(&self) -> &'a GuestMem {
+        self.mem
+    }
+
+    /// The region `addr` is in: the last one found if it holds `addr`, else searched.
+    fn region(&self, addr: u64) -> Option<(Found, &'a Region)> {
+        if let Some(f) = self.last.get() {
+            if addr.wrapping_sub(f.start) < f.len {
+                // SAFETY: `last` only ever holds a region of `self.mem` (set below,
+                // and copied with `mem` by `clone`), which `self.mem` keeps alive
+                // and unchanged for 'a.
+                return Some((f, unsafe { &*f.region }));
+            }
+        }
+        let region = self.mem.find_region(GuestAddress(addr))?;
+        let f = Found {
+            start: region.start_addr().0,
+            len: region.len(),
+            host: region.as_ptr(),
+            region,
+        };
+        self.last.set(Some(f));
+        Some((f, region))
     }
 
     /// The mapped piece of `[addr, addr + len)` that starts at `addr`: all of it, or
@@ -57,12 +112,13 @@ impl<'a> HostMem<'a> {
     /// mapped or the range wraps the address space.
     fn span(&self, addr: u64, len: usize) -> Option<Span<'a>> {
         addr.checked_add(len as u64)?;
-        let region = self.mem.find_region(GuestAddress(addr))?;
-        let offset = (addr - region.start_addr().0) as usize;
-        let room = region.len() as usize - offset;
-        // SAFETY: `offset` is inside the region's mapping (find_region checked
-        // `addr` <= its last address), so the pointer stays inside that mapping.
-        let host = unsafe { region.as_ptr().add(offset) };
+        let (f, region) = self.region(addr)?;
+        let offset = (addr - f.start) as usize;
+        let room = f.len as usize - offset;
+        // SAFETY: `offset` is inside the region's mapping (`addr` lies in
+        // [start, start + len) of the region: find_region, or the check in
+        // `region`), so the pointer stays inside that mapping.
+        let host = unsafe { f.host.add(offset) };
         Some(Span {
             host,
             region,

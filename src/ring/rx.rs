@@ -274,9 +274,10 @@ pub fn write_frame_in(
             Source::Own(parts) => parts.iter().try_for_each(|p| dst.own(hm, p)),
             Source::Guest { head, tail } => {
                 head.iter().try_for_each(|p| dst.own(hm, p))?;
+                let from = HostMem::new(tail.mem);
                 tail.pieces
                     .iter()
-                    .try_for_each(|&(a, l)| dst.guest(hm, &tail.mem, a, l as usize))
+                    .try_for_each(|&(a, l)| dst.guest(hm, &from, a, l as usize))
             }
         });
     if copied.is_err() {
@@ -353,8 +354,9 @@ fn write_one_buffer(
         Source::Own(parts) => own(&mut at, parts),
         Source::Guest { head, tail } => {
             own(&mut at, head)?;
+            let from = HostMem::new(tail.mem);
             tail.pieces.iter().try_for_each(|&(a, l)| {
-                hm.copy_from_guest(at, &tail.mem, a, l as usize)?;
+                hm.copy_from_guest(at, &from, a, l as usize)?;
                 at += u64::from(l);
                 Ok(())
             })
@@ -538,7 +540,7 @@ mod tests {
         other
             .write_slice(&data[1054..], GuestAddress(0x42000))
             .unwrap();
-        let from = HostMem::new(&other);
+        let from = &other;
         let pieces = [(0x40100u64, 1000u32), (0x42000, 1446)];
         let tail = GuestTail {
             mem: from,

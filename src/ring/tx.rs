@@ -7,7 +7,7 @@
 use thiserror::Error;
 use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
 
-use super::guest_mem::BadRange;
+use super::guest_mem::{BadRange, GuestMem};
 use super::host::HostMem;
 use super::split::{Desc, WalkEnd};
 use super::vq::{Head, Vq};
@@ -185,7 +185,7 @@ pub fn copy_head(
 /// guest's buffers or into gsonet's memory, never through a `&[u8]`.
 #[derive(Clone, Copy)]
 pub struct GuestTail<'a> {
-    pub mem: HostMem<'a>,
+    pub mem: &'a GuestMem,
     pub pieces: &'a [(u64, u32)],
     /// Bytes in `pieces`.
     pub len: usize,
@@ -195,9 +195,10 @@ impl GuestTail<'_> {
     /// Copies the tail into `out[..self.len]`.
     pub fn read_into(&self, out: &mut [u8]) -> Result<(), BadRange> {
         let mut at = 0;
+        let mem = HostMem::new(self.mem);
         for &(addr, n) in self.pieces {
             let n = n as usize;
-            self.mem.read(addr, &mut out[at..at + n])?;
+            mem.read(addr, &mut out[at..at + n])?;
             at += n;
         }
         Ok(())

@@ -577,7 +577,7 @@ fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
             continue;
         }
         let tail = GuestTail {
-            mem: *hm,
+            mem: hm.guest_mem(),
             pieces: &pieces[f.tail.clone()],
             len: f.tail_len,
         };
