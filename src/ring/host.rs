@@ -402,6 +402,33 @@ mod tests {
     }
 
     #[test]
+    fn the_region_kept_from_the_last_access_never_answers_for_an_address_outside_it() {
+        let m = GuestMem::from_ranges(&[
+            (GuestAddress(0x1000), 0x1000),
+            (GuestAddress(0x3000), 0x1000),
+        ])
+        .unwrap();
+        m.write_slice(&[7; 4], GuestAddress(0x1ffc)).unwrap();
+        m.write_slice(&[9; 4], GuestAddress(0x3000)).unwrap();
+        let h = HostMem::new(&m);
+        let mut b = [0u8; 4];
+        for _ in 0..2 {
+            h.read(0x1ffc, &mut b).unwrap();
+            assert_eq!(b, [7; 4]);
+            // Just past the kept region (a hole), and just before it.
+            assert!(h.read(0x2000, &mut b).is_err());
+            assert!(h.read(0xffc, &mut b).is_err());
+            assert!(h.read(0x1ffe, &mut b).is_err(), "runs into the hole");
+            h.read(0x3000, &mut b).unwrap();
+            assert_eq!(b, [9; 4]);
+            let c = h.clone();
+            assert!(c.read(0x4000, &mut b).is_err());
+            c.read(0x1ffc, &mut b).unwrap();
+            assert_eq!(b, [7; 4]);
+        }
+    }
+
+    #[test]
     fn ring_fields_are_aligned_and_mapped() {
         let m = two_regions();
         let h = HostMem::new(&m);
