@@ -188,6 +188,16 @@ impl<'a> HostMem<'a> {
         })
     }
 
+    /// Guest `[addr, addr + len)` to be written piece by piece with one translation,
+    /// if it lies in one region (a frame and its header into one RX buffer); marked
+    /// dirty whole now, so whatever of it is written is logged. `None` if it is not
+    /// mapped in one region (the caller writes it with `write`, range by range).
+    pub fn writable(&self, addr: u64, len: usize) -> Option<Writable<'_>> {
+        let span = self.span(addr, len).filter(|s| s.len == len)?;
+        span.region.bitmap().mark_dirty(span.offset, len);
+        Some(Writable { addr, span })
+    }
+
     /// Copies `len` bytes from guest `src_addr` in `src` (another guest's memory, or
     /// this one's) to guest `dst_addr` here, with no copy in between.
     pub fn copy_from_guest(
@@ -314,6 +324,65 @@ impl<'a> HostMem<'a> {
     }
 }
 
+/// A guest range mapped in one region and marked dirty (`HostMem::writable`): copies
+/// into it check only that they stay inside it.
+pub struct Writable<'a> {
+    addr: u64,
+    span: Span<'a>,
+}
+
+impl Writable<'_> {
+    fn outside(&self, off: usize, len: usize) -> Option<BadRange> {
+        let inside = off.checked_add(len).is_some_and(|end| end <= self.span.len);
+        (!inside).then_some(BadRange {
+            addr: self.addr.wrapping_add(off as u64),
+            len,
+        })
+    }
+
+    /// Copies `src` to `off` bytes into the range.
+    pub fn write_at(&self, off: usize, src: &[u8]) -> Result<(), BadRange> {
+        if let Some(bad) = self.outside(off, src.len()) {
+            return Err(bad);
+        }
+        // SAFETY: `off + src.len()` bytes from the span's start are mapped (checked
+        // above against the span `writable` found in one region); gsonet's own
+        // buffer never overlaps guest memory.
+        unsafe { copy(src.as_ptr(), self.span.host.add(off), src.len()) };
+        Ok(())
+    }
+
+    /// Copies `len` bytes from guest `src_addr` in `src` (another guest's memory, or
+    /// this one's) to `off` bytes into the range, with no copy in between.
+    pub fn copy_from_guest_at(
+        &self,
+        off: usize,
+        src: &HostMem<'_>,
+        src_addr: u64,
+        len: usize,
+    ) -> Result<(), BadRange> {
+        if let Some(bad) = self.outside(off, len) {
+            return Err(bad);
+        }
+        let mut done = 0;
+        while done < len {
+            let s = src
+                .span(src_addr + done as u64, len - done)
+                .ok_or(BadRange {
+                    addr: src_addr,
+                    len,
+                })?;
+            // SAFETY: the source piece is mapped for `s.len` bytes (`span`), the
+            // destination for `len - done` >= `s.len` from `off + done` (checked
+            // above); `copy_any` moves overlapping ranges (a guest copying into its
+            // own memory) as memmove does.
+            unsafe { copy_any(s.host, self.span.host.add(off + done), s.len) };
+            done += s.len;
+        }
+        Ok(())
+    }
+}
+
 /// A full fence before reading what the other side published after our own stores
 /// (the EVENT_IDX check after publishing used entries).
 pub fn store_load_fence() {
@@ -426,6 +495,29 @@ mod tests {
             c.read(0x1ffc, &mut b).unwrap();
             assert_eq!(b, [7; 4]);
         }
+    }
+
+    #[test]
+    fn a_writable_range_lies_in_one_region_and_takes_no_byte_past_its_end() {
+        let m = two_regions();
+        let h = HostMem::new(&m);
+        assert!(h.writable(0xff0, 0x20).is_none(), "across two regions");
+        assert!(h.writable(0x1ff0, 0x20).is_none(), "past the mapping");
+        let w = h.writable(0x1100, 0x40).unwrap();
+        w.write_at(0, &[1; 0x10]).unwrap();
+        w.write_at(0x30, &[2; 0x10]).unwrap();
+        assert!(w.write_at(0x31, &[3; 0x10]).is_err());
+        assert!(w.write_at(usize::MAX, &[3; 2]).is_err());
+        // From another region's bytes, which cross into the first one.
+        m.write_slice(&[5; 0x20], GuestAddress(0xff0)).unwrap();
+        w.copy_from_guest_at(0x10, &h, 0xff0, 0x20).unwrap();
+        assert!(w.copy_from_guest_at(0x30, &h, 0xff0, 0x11).is_err());
+        let mut back = [0u8; 0x41];
+        m.read_slice(&mut back, GuestAddress(0x1100)).unwrap();
+        assert_eq!(back[..0x10], [1; 0x10]);
+        assert_eq!(back[0x10..0x30], [5; 0x20]);
+        assert_eq!(back[0x30..0x40], [2; 0x10]);
+        assert_eq!(back[0x40], 0, "nothing past the range");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use thiserror::Error;
 use virtio_queue::QueueT;
 
 use super::guest_mem::{BadRange, GuestMem};
-use super::host::HostMem;
+use super::host::{HostMem, Writable};
 use super::split::{Desc, WalkEnd};
 use super::tx::GuestTail;
 use super::vq::{Head, Vq};
@@ -334,19 +334,72 @@ fn fill_one(
     Ok(1)
 }
 
-/// Writes the header, then the frame, into the one buffer at `addr` that holds both.
+/// Writes the header, then the frame, into the one buffer at `addr` that holds both:
+/// translated once when it lies in one region (nearly always), else range by range.
 fn write_one_buffer(
     hm: &HostMem<'_>,
     addr: u64,
     hdr: &[u8],
     src: Source<'_>,
 ) -> Result<(), BadRange> {
-    hm.write(addr, hdr)?;
-    let mut at = addr + hdr.len() as u64;
-    let own = |at: &mut u64, parts: &[&[u8]]| {
+    match hm.writable(addr, hdr.len() + src.len()) {
+        Some(buf) => write_into(&buf, hdr, src),
+        None => write_into(&Ranges { hm, addr }, hdr, src),
+    }
+}
+
+/// Where `write_into` writes: a buffer found in one region, or guest ranges.
+trait Sink {
+    fn put(&self, off: usize, bytes: &[u8]) -> Result<(), BadRange>;
+    fn put_guest(&self, off: usize, from: &HostMem<'_>, a: u64, len: usize)
+        -> Result<(), BadRange>;
+}
+
+impl Sink for Writable<'_> {
+    fn put(&self, off: usize, bytes: &[u8]) -> Result<(), BadRange> {
+        self.write_at(off, bytes)
+    }
+    fn put_guest(
+        &self,
+        off: usize,
+        from: &HostMem<'_>,
+        a: u64,
+        len: usize,
+    ) -> Result<(), BadRange> {
+        self.copy_from_guest_at(off, from, a, len)
+    }
+}
+
+/// Guest memory from `addr` on, each write translated on its own.
+struct Ranges<'h, 'm> {
+    hm: &'h HostMem<'m>,
+    addr: u64,
+}
+
+impl Sink for Ranges<'_, '_> {
+    fn put(&self, off: usize, bytes: &[u8]) -> Result<(), BadRange> {
+        self.hm.write(self.addr + off as u64, bytes)
+    }
+    fn put_guest(
+        &self,
+        off: usize,
+        from: &HostMem<'_>,
+        a: u64,
+        len: usize,
+    ) -> Result<(), BadRange> {
+        self.hm
+            .copy_from_guest(self.addr + off as u64, from, a, len)
+    }
+}
+
+/// Writes `hdr`, then `src`'s bytes, one after another into `to`.
+fn write_into(to: &impl Sink, hdr: &[u8], src: Source<'_>) -> Result<(), BadRange> {
+    to.put(0, hdr)?;
+    let mut at = hdr.len();
+    let own = |at: &mut usize, parts: &[&[u8]]| {
         parts.iter().try_for_each(|p| {
-            hm.write(*at, p)?;
-            *at += p.len() as u64;
+            to.put(*at, p)?;
+            *at += p.len();
             Ok(())
         })
     };
@@ -356,8 +409,8 @@ fn write_one_buffer(
             own(&mut at, head)?;
             let from = HostMem::new(tail.mem);
             tail.pieces.iter().try_for_each(|&(a, l)| {
-                hm.copy_from_guest(at, &from, a, l as usize)?;
-                at += u64::from(l);
+                to.put_guest(at, &from, a, l as usize)?;
+                at += l as usize;
                 Ok(())
             })
         }

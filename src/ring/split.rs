@@ -186,6 +186,18 @@ impl SplitRing {
         }
     }
 
+    /// The ring slot of position `pos`. A split ring's size is a power of two
+    /// (virtio-queue refuses any other), so this is a mask, not a division, three
+    /// times per frame; the division stays for any other size.
+    fn slot(&self, pos: Wrapping<u16>) -> u64 {
+        let s = self.size;
+        u64::from(if s.is_power_of_two() {
+            pos.0 & (s - 1)
+        } else {
+            pos.0 % s
+        })
+    }
+
     /// Puts the positions back into the vring's queue.
     pub fn store<Q: QueueT>(&self, q: &mut Q) {
         q.set_next_avail(self.next_avail.0);
@@ -233,7 +245,7 @@ impl SplitRing {
     /// Takes the next available head (the caller knows from `pending` that there is
     /// one). `None` if the avail ring is not readable.
     pub fn pop(&mut self, hm: &HostMem<'_>) -> Option<u16> {
-        let slot = u64::from(self.next_avail.0 % self.size);
+        let slot = self.slot(self.next_avail);
         let head = hm.load_u16(self.avail + AVAIL_HEADER + 2 * slot, Ordering::Relaxed)?;
         self.next_avail += 1;
         Some(head)
@@ -244,7 +256,7 @@ impl SplitRing {
     /// otherwise takes nothing (the caller walks it as any chain). The caller knows
     /// from `pending` that a chain is available.
     pub fn take_single_writable(&mut self, hm: &HostMem<'_>, need: usize) -> Option<(u16, u64)> {
-        let slot = u64::from(self.next_avail.0 % self.size);
+        let slot = self.slot(self.next_avail);
         let head = hm.load_u16(self.avail + AVAIL_HEADER + 2 * slot, Ordering::Relaxed)?;
         if head >= self.size {
             return None;
@@ -276,7 +288,7 @@ impl SplitRing {
         if head >= self.size {
             return false;
         }
-        let slot = u64::from(self.next_used.0 % self.size);
+        let slot = self.slot(self.next_used);
         let at = self.used + USED_HEADER + slot * USED_ELEM;
         if !hm.store_used_elem(at, u32::from(head), len) {
             return false;
