@@ -175,6 +175,10 @@ pub struct PortConfig {
     pub one_copy: bool,
     /// Offer VIRTIO_F_RING_PACKED: a frontend that acks it gets packed rings.
     pub packed: bool,
+    /// Offer VIRTIO_F_IN_ORDER: buffers are used in the order they were made
+    /// available (gsonet always does), and a frontend that acks it may read a packed
+    /// TX ring's completions in batches.
+    pub in_order: bool,
     /// RX interrupt moderation (`ethtool -C rx-usecs rx-frames`): a frame is announced
     /// to the guest at most this many µs after it was written (0: at once) ...
     pub rx_coalesce_usecs: u32,
@@ -346,7 +350,7 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, rx_rate, rx_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, busy_poll_us, one_copy, packed, rx_coalesce_usecs, rx_coalesce_frames, tx_coalesce_usecs, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, rx_rate, rx_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, busy_poll_us, one_copy, packed, in_order, rx_coalesce_usecs, rx_coalesce_frames, tx_coalesce_usecs, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
     /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,socket_mode=0660][,socket_group=GROUP]
@@ -381,6 +385,7 @@ impl PortConfig {
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             one_copy: true,
             packed: false,
+            in_order: false,
             rx_coalesce_usecs: 0,
             rx_coalesce_frames: 0,
             tx_coalesce_usecs: 0,
@@ -421,6 +426,7 @@ impl PortConfig {
                 "busy_poll_us" => c.busy_poll_us = number(W, &k, &v, 0, MAX_BUSY_POLL_US)?,
                 "one_copy" => c.one_copy = on_off(W, &k, &v)?,
                 "packed" => c.packed = on_off(W, &k, &v)?,
+                "in_order" => c.in_order = on_off(W, &k, &v)?,
                 "rx_coalesce_usecs" => {
                     c.rx_coalesce_usecs = number(W, &k, &v, 0, MAX_RX_COALESCE_USECS)?
                 }

@@ -2,7 +2,7 @@
 //! dependency rules between bits, and the typed `Caps` the rest of gsonet works with.
 
 use serde::{Deserialize, Serialize};
-use virtio_bindings::virtio_config::{VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1};
+use virtio_bindings::virtio_config::{VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
@@ -45,6 +45,10 @@ pub const VERSION_1: u64 = bit(VIRTIO_F_VERSION_1);
 /// VIRTIO_F_RING_PACKED: the queues are packed rings (`ring::packed`). Offered only on
 /// a port with `packed=on`.
 pub const RING_PACKED: u64 = bit(VIRTIO_F_RING_PACKED);
+/// VIRTIO_F_IN_ORDER: the device uses every ring's buffers in the order they were
+/// made available (docs/architecture.md, "In-order use"). Offered only on a port
+/// with `in_order=on`.
+pub const IN_ORDER: u64 = bit(VIRTIO_F_IN_ORDER);
 
 const HOST_OFFLOADS: u64 = HOST_TSO4 | HOST_TSO6 | HOST_ECN | HOST_UFO | HOST_USO;
 const GUEST_OFFLOADS: u64 =
@@ -327,6 +331,9 @@ pub struct Negotiated {
     pub log_all: bool,
     /// RING_PACKED: every queue of the device is a packed ring.
     pub packed: bool,
+    /// IN_ORDER: buffers are used in the order they were made available, and a
+    /// packed TX ring's may be completed with one used descriptor per publish.
+    pub in_order: bool,
     /// The feature word as acked.
     pub acked: u64,
 }
@@ -342,6 +349,7 @@ impl Negotiated {
             modern: acked & (VERSION_1 | MRG_RXBUF) != 0,
             log_all: acked & LOG_ALL != 0,
             packed: acked & RING_PACKED != 0,
+            in_order: acked & IN_ORDER != 0,
             acked,
         }
     }

@@ -127,7 +127,7 @@ struct ServeArgs {
     /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mac_lock=on][,mac_limit=N]
     /// [,mtu=N][,max_burst=N][,gro=on|off][,rate=MBIT[,burst=KB]][,rx_rate=MBIT[,rx_burst=KB]]
     /// [,vlan=N | ,trunk=on,allowed_vlans=LIST]
-    /// [,socket_mode=MODE][,socket_group=GROUP][,tx_poll_us=N][,busy_poll_us=N][,one_copy=on|off][,packed=on|off]
+    /// [,socket_mode=MODE][,socket_group=GROUP][,tx_poll_us=N][,busy_poll_us=N][,one_copy=on|off][,packed=on|off][,in_order=on|off]
     /// and offload switches offloads|csum|guest_csum|tso|ecn|ufo|uso|mrg_rxbuf|event_idx|indirect_desc=on|off.
     /// gsonet listens on PATH (QEMU connects); with `client` (or server=off) it connects to
     /// a QEMU started with server=on. path=PATH is the same as socket=PATH. Repeat for more
@@ -167,6 +167,10 @@ struct ServeArgs {
     /// packed=on (default off): offer packed virtqueues (VIRTIO_F_RING_PACKED, QEMU
     /// virtio-net-pci packed=on, DPDK virtio_user packed_vq=1); a frontend that does
     /// not ack them gets split rings as before. `gsonet stats` shows what was acked.
+    /// in_order=on (default off): offer VIRTIO_F_IN_ORDER (bit 35, DPDK virtio_user
+    /// in_order=1, QEMU virtio-net-pci in_order=on): buffers are used in the order
+    /// they were made available (gsonet always does), and a packed TX ring's chains
+    /// go back with one used descriptor per batch.
     /// rx_coalesce_usecs=N (0..10000, default 0: off) and rx_coalesce_frames=N
     /// (0..1024): RX interrupt moderation as `ethtool -C rx-usecs/rx-frames` means it: a
     /// frame is announced to the guest at most N µs after it was written, or at once
@@ -307,7 +311,12 @@ fn print_stats(r: &control::protocol::StatsReport) {
             } else {
                 "split"
             };
-            println!("  acked features: {acked:#x} ({ring} rings)");
+            let order = if acked & gsonet::features::IN_ORDER != 0 {
+                ", in order"
+            } else {
+                ""
+            };
+            println!("  acked features: {acked:#x} ({ring} rings{order})");
         }
         if let (Some(rx), Some(tx)) = (p.guest_rx, p.guest_tx) {
             println!("  guest sends: {tx:?}");

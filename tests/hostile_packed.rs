@@ -17,7 +17,11 @@
 //! - the split ring's bounds: a chain that points on through every slot of the
 //!   ring, more descriptors than a frame may have, 4 GiB of length, an address
 //!   outside memory; and a burst of such chains, which must all be answered in
-//!   bounded time while B still gets A's good frames.
+//!   bounded time while B still gets A's good frames;
+//! - VIRTIO_F_IN_ORDER acked (`in_order=on`): a batch of good and bad chains, with
+//!   ids reused and ids outside the ring, goes back as one used descriptor at the
+//!   batch's first slot with its last chain's id, the used position past all of
+//!   them, and the ring goes on from there.
 //!
 //! Every chain is counted once: as a TX frame or as one drop reason.
 
@@ -78,19 +82,26 @@ struct Rig {
     wrap: bool,
     /// Chains A made available so far.
     chains: u64,
+    /// Chains are made available without a kick (`kick` sends it).
+    quiet: bool,
 }
 
 impl Rig {
     fn new(size: u16) -> Rig {
+        Rig::with(size, "packed=on", 0)
+    }
+
+    /// A on a port with `opts`, acking `features` on top of packed rings.
+    fn with(size: u16, opts: &str, features: u64) -> Rig {
         let d = Daemon::start(&DaemonSpec {
-            ports: vec!["packed=on".into(), String::new()],
+            ports: vec![opts.into(), String::new()],
             tap: None,
         })
         .expect("daemon");
         let a = TestFrontend::connect(
             &d.sockets[0],
             FrontendOpts {
-                features: feat::RINGS | feat::RING_PACKED,
+                features: feat::RINGS | feat::RING_PACKED | features,
                 require_features: true,
                 queue_size: size,
                 ..Default::default()
@@ -108,6 +119,7 @@ impl Rig {
             pos: 0,
             wrap: true,
             chains: 0,
+            quiet: false,
         }
     }
 
@@ -153,7 +165,9 @@ impl Rig {
         let (p, w) = self.at(n as u16);
         (self.pos, self.wrap) = (p, w);
         self.chains += 1;
-        self.a.kick(TX_QUEUE).expect("kick");
+        if !self.quiet {
+            self.a.kick(TX_QUEUE).expect("kick");
+        }
         head
     }
 
@@ -562,4 +576,47 @@ fn packed_chains_keep_the_split_rings_bounds() {
         seen |= f.len() > 14 && f[14] == 0x42;
     }
     assert!(seen, "B got the new frontend's frame");
+}
+
+#[test]
+fn in_order_a_batch_goes_back_as_one_used_descriptor() {
+    let _s = serial();
+    let mut r = Rig::with(16, "packed=on,in_order=on", feat::IN_ORDER);
+    assert_ne!(r.a.acked_features() & feat::IN_ORDER, 0, "A acked IN_ORDER");
+    let acked = r.stats()["ports"][0]["acked"].as_u64().unwrap();
+    assert_ne!(acked & feat::IN_ORDER, 0, "gsonet reports IN_ORDER acked");
+    let outside = r.a.mem_end() + 0x10_0000;
+    for round in 0..3u8 {
+        // Made available without a kick, so that one batch takes them all: a good
+        // frame, a chain outside memory with the same id, a header too short, a
+        // good frame in one slot with an id past the ring's size, a chain whose
+        // second descriptor is device-writable.
+        let (h, f) = frame(0);
+        let (h, f) = (r.put(&h), r.put(&f));
+        r.quiet = true;
+        let first = r.good(10 * round + 1, 3);
+        let bad = r.chain(&[(h, 12, 0), (outside, 64, 0)], 3);
+        let short = r.chain(&[(h, 4, 0)], 4);
+        let late = r.good1(10 * round + 2, 999);
+        let writable = r.chain(&[(h, 12, 0), (f, 78, 2)], 5);
+        r.quiet = false;
+        let next = (r.pos, r.wrap);
+        r.a.kick(TX_QUEUE).unwrap();
+        // One used descriptor, at the first chain's slot, with the last chain's id.
+        assert_eq!(r.wait_used(first), 5, "round {round}");
+        std::thread::sleep(Duration::from_millis(50));
+        for at in [bad, short, late, writable] {
+            let d = r.a.packed_get(TX_QUEUE, at.0).unwrap();
+            assert!(!used(d.flags, at.1), "round {round}: {at:?} written: {d:?}");
+        }
+        assert_eq!(r.b_markers(), vec![10 * round + 1, 10 * round + 2]);
+        // The device's next used descriptor goes where the batch ended: a good frame
+        // there is completed at that slot.
+        let at = r.good1(10 * round + 3, 6);
+        assert_eq!(at, next);
+        assert_eq!(r.wait_used(at), 6);
+        assert_eq!(r.b_markers(), vec![10 * round + 3]);
+    }
+    assert_eq!(r.drop_of("bad_address"), 3);
+    r.counted();
 }

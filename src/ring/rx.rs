@@ -221,11 +221,12 @@ pub fn write_frame_in(
             }
         }
         if let Some(e) = bad {
-            // A malformed chain is returned unused; the frame is lost, the queue goes
-            // on. (A split head outside the table can never be returned: it is
-            // skipped.)
+            // A malformed chain is returned unused, after the chains claimed before
+            // it (buffers go back in the order they were made available); the frame
+            // is lost, the queue goes on. (A split head outside the table can never
+            // be returned: it is skipped.)
             scratch.descs.truncate(start);
-            ring.put_used(hm, &head, 0);
+            scratch.chains.push((head, 0));
             return_unused(ring, hm, &scratch.chains);
             return Err(e);
         }
@@ -575,6 +576,26 @@ mod tests {
         let h = VirtioNetHdr::from_bytes(&got[..12]).unwrap();
         assert_eq!(h.num_buffers, 3);
         assert_eq!(&got[12..2512], &data[..]);
+    }
+
+    #[test]
+    fn a_malformed_chain_goes_back_after_the_chains_claimed_before_it() {
+        // Buffers are used in the order they were made available (VIRTIO_F_IN_ORDER
+        // relies on it): a frame that claimed chain 0 and found chain 1 malformed
+        // hands back 0, then 1.
+        let m = mem();
+        let mock = MockSplitQueue::new(&m, 16);
+        let descs = [
+            Descriptor::new(0x10000, 1000, W, 0),
+            Descriptor::new(0x11000, 1000, 0, 0),
+        ];
+        mock.build_multiple_desc_chains(&descs.map(RawDescriptor::from))
+            .unwrap();
+        let mut q: Queue = mock.create_queue().unwrap();
+        let r = put(&mut q, &m, &[&pattern(1500)], true);
+        assert_eq!(r, Err(RxError::ReadableDescriptor));
+        assert_eq!(mock.used().idx().load(), 2);
+        assert_eq!((used(&mock, 0), used(&mock, 1)), ((0, 0), (1, 0)));
     }
 
     #[test]

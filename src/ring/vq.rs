@@ -100,6 +100,15 @@ impl Vq {
         }
     }
 
+    /// Lets a packed ring complete each publish's run of buffers with one used
+    /// descriptor (`PackedRing::batch_used`: VIRTIO_F_IN_ORDER, a TX ring). A split
+    /// ring writes every entry.
+    pub fn batch_used(&mut self, on: bool) {
+        if let Vq::Packed { ring, .. } = self {
+            ring.batch_used = on;
+        }
+    }
+
     /// Puts the positions back into the vring's queue.
     pub fn store<Q: QueueT>(&self, q: &mut Q) {
         match self {

@@ -6,7 +6,7 @@
 //!
 //! It shares no code with `ring::packed` beyond the layout constants.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use vm_memory::{Bytes, GuestAddress};
 
@@ -34,6 +34,8 @@ pub struct Driver {
     pub used_wrap: bool,
     /// Slots each buffer id in flight took.
     in_flight: HashMap<u16, u16>,
+    /// The ids in flight in the order they were made available.
+    order: VecDeque<u16>,
     next_id: u16,
 }
 
@@ -55,6 +57,7 @@ impl Driver {
             used_idx: 0,
             used_wrap: true,
             in_flight: HashMap::new(),
+            order: VecDeque::new(),
             next_id: 0,
         }
     }
@@ -116,6 +119,7 @@ impl Driver {
         mem.write_obj(head.unwrap(), GuestAddress(at)).unwrap();
         let slots = pieces.len() as u16;
         self.in_flight.insert(id, slots);
+        self.order.push_back(id);
         slots
     }
 
@@ -149,6 +153,7 @@ impl Driver {
         );
         self.step_avail();
         self.in_flight.insert(id, 1);
+        self.order.push_back(id);
         id
     }
 
@@ -160,9 +165,9 @@ impl Driver {
         }
     }
 
-    /// The next used entry, if the device has made one visible: (id, len). The
-    /// used position moves on by the slots that id took when it was added.
-    pub fn get_used(&mut self, mem: &GuestMem) -> Option<(u16, u32)> {
+    /// The used descriptor at the driver's used position, if the device has made
+    /// it visible (its flags used under the driver's wrap counter): (id, len).
+    fn peek_used(&self, mem: &GuestMem) -> Option<(u16, u32)> {
         let at = self.ring + 16 * u64::from(self.used_idx);
         let flags: u16 = mem.read_obj(GuestAddress(at + 14)).unwrap();
         let avail = flags & F_AVAIL != 0;
@@ -172,10 +177,23 @@ impl Driver {
         }
         let id: u16 = mem.read_obj(GuestAddress(at + 12)).unwrap();
         let len: u32 = mem.read_obj(GuestAddress(at + 8)).unwrap();
+        Some((id, len))
+    }
+
+    /// The next used entry, if the device has made one visible: (id, len). The
+    /// used position moves on by the slots that id took when it was added.
+    pub fn get_used(&mut self, mem: &GuestMem) -> Option<(u16, u32)> {
+        let (id, len) = self.peek_used(mem)?;
         let slots = self
             .in_flight
             .remove(&id)
             .unwrap_or_else(|| panic!("used id {id} is not in flight"));
+        self.order.retain(|&i| i != id);
+        self.step_used(slots);
+        Some((id, len))
+    }
+
+    fn step_used(&mut self, slots: u16) {
         let to = self.used_idx + slots;
         if to >= self.size {
             self.used_idx = to - self.size;
@@ -183,7 +201,29 @@ impl Driver {
         } else {
             self.used_idx = to;
         }
-        Some((id, len))
+    }
+
+    /// The next used descriptor read as a driver that negotiated VIRTIO_F_IN_ORDER
+    /// reads it (packed virtqueues, "In-order use of descriptors"): it completes
+    /// every buffer from the oldest in flight up to the one whose id it carries,
+    /// and the used position moves past all of their slots. Returns those ids, in
+    /// the order they were made available, and the used descriptor's length.
+    pub fn get_used_in_order(&mut self, mem: &GuestMem) -> Option<(Vec<u16>, u32)> {
+        let (id, len) = self.peek_used(mem)?;
+        assert!(
+            self.in_flight.contains_key(&id),
+            "used id {id} is not in flight"
+        );
+        let mut done = Vec::new();
+        while let Some(first) = self.order.pop_front() {
+            let slots = self.in_flight.remove(&first).unwrap();
+            self.step_used(slots);
+            done.push(first);
+            if first == id {
+                break;
+            }
+        }
+        Some((done, len))
     }
 
     /// Buffers made available and not yet used.

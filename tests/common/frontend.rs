@@ -98,6 +98,9 @@ pub mod feat {
     pub const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
     /// VIRTIO_F_RING_PACKED: packed rings (`TestFrontend::packed_put`).
     pub const RING_PACKED: u64 = 1 << 34;
+    /// VIRTIO_F_IN_ORDER: the device uses buffers in the order they were made
+    /// available; a packed TX ring may be completed one used descriptor per batch.
+    pub const IN_ORDER: u64 = 1 << 35;
     pub const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
     /// VHOST_USER_F_PROTOCOL_FEATURES (bit 30). The frontend acks it by itself whenever
     /// the backend offers it, unless `FrontendOpts::no_protocol_features` is set.

@@ -121,10 +121,11 @@ fn rx_ring<Q: QueueT>(kept: &mut Option<Vq>, q: &Q, packed: bool) -> Vq {
 }
 
 /// The feature word port `cfg` offers under `mask`: VIRTIO_F_RING_PACKED with
-/// `packed=on` only.
+/// `packed=on` only, VIRTIO_F_IN_ORDER with `in_order=on` only.
 fn port_offer(mask: &FeatureMask, cfg: &PortConfig) -> u64 {
     let packed = if cfg.packed { features::RING_PACKED } else { 0 };
-    features::offer(mask, cfg.queues) | packed
+    let in_order = if cfg.in_order { features::IN_ORDER } else { 0 };
+    features::offer(mask, cfg.queues) | packed | in_order
 }
 
 /// State shared by the port's workers, the switch, and the uplink readers.

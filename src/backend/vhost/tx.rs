@@ -267,6 +267,8 @@ fn take_and_send(
     let hm = HostMem::new(mem);
     let mut ring = Vq::of(q, s.packed);
     ring.record_in(|| port.ring_slot(2 * s.pair + 1));
+    // The driver reads a TX completion's id only, never its length.
+    ring.batch_used(s.in_order);
     if ring.has_avail(&hm).is_none() {
         return Take::Broken;
     }
@@ -333,6 +335,7 @@ pub fn drain(
         pair,
         tx_caps: neg.tx,
         packed: neg.packed,
+        in_order: neg.in_order,
     };
     let mut popped = 0;
     loop {
@@ -474,6 +477,9 @@ struct Sender<'a> {
     tx_caps: Caps,
     /// The queues are packed rings.
     packed: bool,
+    /// VIRTIO_F_IN_ORDER: a packed ring's TX chains go back one used descriptor per
+    /// batch.
+    in_order: bool,
 }
 
 impl Sender<'_> {

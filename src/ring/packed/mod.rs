@@ -196,6 +196,8 @@ struct Used {
     at: Pos,
     id: u16,
     len: u32,
+    /// Ring slots its buffer took (a batch's: all of its buffers').
+    slots: u16,
 }
 
 /// Where the used side stood, to go back to (`PackedRing::used_mark`).
@@ -225,6 +227,11 @@ pub struct PackedRing {
     pub next_avail: Pos,
     pub next_used: Pos,
     pub event_idx: bool,
+    /// VIRTIO_F_IN_ORDER acked and a ring whose driver needs no entry per buffer
+    /// (TX): a publish completes each run of buffers with one used descriptor, at
+    /// the run's first slot with its last buffer's id (VIRTIO 1.2, packed
+    /// virtqueues, "In-order use of descriptors").
+    pub batch_used: bool,
     /// Used entries recorded and not yet written, in ring order. At most `size`
     /// (each takes a slot of its own).
     unpublished: Vec<Used>,
@@ -243,6 +250,7 @@ impl PackedRing {
             next_avail: Pos::START,
             next_used: Pos::START,
             event_idx,
+            batch_used: false,
             unpublished: Vec::new(),
             record: None,
         }
@@ -265,13 +273,14 @@ impl PackedRing {
             next_avail: Pos::from_base(q.next_avail(), size).unwrap_or(bad),
             next_used: Pos::from_base(q.next_used(), size).unwrap_or(bad),
             event_idx: q.event_idx_enabled(),
+            batch_used: false,
             unpublished: Vec::new(),
             record: None,
         }
     }
 
-    /// `of`, into this value: its buffers and its record are kept, its
-    /// unpublished entries dropped.
+    /// `of`, into this value: its buffers, its record and `batch_used` are kept,
+    /// its unpublished entries dropped.
     pub fn reload<Q: QueueT>(&mut self, q: &Q) {
         let mut unpublished = std::mem::take(&mut self.unpublished);
         unpublished.clear();
@@ -279,6 +288,7 @@ impl PackedRing {
         *self = PackedRing {
             unpublished,
             record,
+            batch_used: self.batch_used,
             ..PackedRing::of(q)
         };
     }
@@ -479,7 +489,7 @@ impl PackedRing {
         }
         // At most `size` entries: each has a slot of its own until published.
         if self.unpublished.len() < usize::from(self.size) {
-            self.unpublished.push(Used { at, id, len });
+            self.unpublished.push(Used { at, id, len, slots });
         }
         true
     }
@@ -491,10 +501,15 @@ impl PackedRing {
 
     /// Makes every used entry recorded so far visible: each one's length and id,
     /// then its flags (`Release`), the first entry last, so the driver, which reads
-    /// them in ring order, sees all of them or none. `false` if an entry could not
-    /// be written (the ring is broken). The record, if any, has the used position
-    /// before and after the publish while it writes, and the one after it then.
+    /// them in ring order, sees all of them or none. With `batch_used` each run of
+    /// entries in consecutive slots is one used descriptor (`batch_runs`). `false`
+    /// if an entry could not be written (the ring is broken). The record, if any,
+    /// has the used position before and after the publish while it writes, and the
+    /// one after it then.
     pub fn publish_used(&mut self, hm: &HostMem<'_>) -> bool {
+        if self.batch_used {
+            self.batch_runs();
+        }
         let mut ok = true;
         if let Some((first, rest)) = self.unpublished.split_first() {
             if let Some(r) = &self.record {
@@ -517,6 +532,33 @@ impl PackedRing {
         }
         self.unpublished.clear();
         ok
+    }
+
+    /// Folds each run of unpublished entries whose buffers took consecutive slots
+    /// into one entry: at the run's first slot, with its last buffer's id and
+    /// length, covering all of its slots. Under VIRTIO_F_IN_ORDER the driver reads
+    /// the id and takes every buffer from that slot up to the one with that id as
+    /// used (DPDK's `virtio_xmit_cleanup_inorder_packed`); the used position then
+    /// moves past the run's slots as it did. A run covers at most `size` slots; an
+    /// entry that does not follow the one before (a slot that could not be written
+    /// left a gap) starts a run of its own.
+    fn batch_runs(&mut self) {
+        let size = self.size;
+        let mut out = 0usize;
+        for i in 1..self.unpublished.len() {
+            let u = self.unpublished[i];
+            let run = &mut self.unpublished[out];
+            let follows = run.at.advance(run.slots, size) == u.at;
+            if follows && u32::from(run.slots) + u32::from(u.slots) <= u32::from(size) {
+                run.id = u.id;
+                run.len = u.len;
+                run.slots += u.slots;
+            } else {
+                out += 1;
+                self.unpublished[out] = u;
+            }
+        }
+        self.unpublished.truncate(out + 1);
     }
 
     /// Used entries recorded and not yet visible.
