@@ -121,22 +121,22 @@ impl<'a> Frame<'a> {
 }
 
 /// Copies `head`, then `tail` (a one-copy frame's bytes left in the guest's buffers)
-/// if any, into `buf` (grown to fit): the frame made whole. Returns its length;
-/// `BadAddress` if the tail could not be read.
+/// if any, into `buf`, which then holds the frame made whole and nothing else (its
+/// allocation is kept from call to call, and nothing is zero-filled first). Returns
+/// its length; `BadAddress` if the tail could not be read.
 pub fn gather_whole(
     head: &[&[u8]],
     tail: Option<&GuestTail>,
     buf: &mut Vec<u8>,
 ) -> Result<usize, DropReason> {
-    let n = parse::frame_len(head);
-    let len = n + tail.map_or(0, |t| t.len);
-    if buf.len() < len {
-        buf.resize(len, 0);
+    buf.clear();
+    let len = parse::frame_len(head) + tail.map_or(0, |t| t.len);
+    buf.reserve(len);
+    for p in head {
+        buf.extend_from_slice(p);
     }
-    parse::gather(head, &mut buf[..n]);
     if let Some(t) = tail {
-        t.read_into(&mut buf[n..len])
-            .map_err(|_| DropReason::BadAddress)?;
+        t.append_to(buf).map_err(|_| DropReason::BadAddress)?;
     }
     Ok(len)
 }

@@ -178,6 +178,25 @@ impl<'a> HostMem<'a> {
         })
     }
 
+    /// Appends guest `[addr, addr + len)` to `out`, without first filling the room
+    /// it takes with zeros (a held 8 KB frame was zero-filled whole, then copied
+    /// over). `out` is unchanged unless all of it is mapped.
+    pub fn read_append(&self, addr: u64, len: usize, out: &mut Vec<u8>) -> Result<(), BadRange> {
+        out.reserve(len);
+        let at = out.len();
+        let room = out.spare_capacity_mut().as_mut_ptr() as *mut u8;
+        self.walk(addr, len, |s, done| {
+            // SAFETY: `s` is `s.len` mapped bytes of guest memory (`span`); `room +
+            // done .. + s.len` lies in the `len` bytes just reserved past `out`'s
+            // end; guest memory and gsonet's own buffer never overlap.
+            unsafe { copy(s.host, room.add(done), s.len) }
+        })?;
+        // SAFETY: `walk` returned Ok, so it called the copy for every piece of the
+        // range, in order: the `len` bytes past `at` are initialised.
+        unsafe { out.set_len(at + len) };
+        Ok(())
+    }
+
     /// Copies `src` into guest `[addr, addr + src.len())` and marks it dirty.
     pub fn write(&self, addr: u64, src: &[u8]) -> Result<(), BadRange> {
         let from = src.as_ptr();
@@ -518,6 +537,20 @@ mod tests {
         assert_eq!(back[0x10..0x30], [5; 0x20]);
         assert_eq!(back[0x30..0x40], [2; 0x10]);
         assert_eq!(back[0x40], 0, "nothing past the range");
+    }
+
+    #[test]
+    fn an_append_adds_the_range_whole_or_nothing() {
+        let m = two_regions();
+        let h = HostMem::new(&m);
+        let data: Vec<u8> = (0..0x40u8).collect();
+        m.write_slice(&data, GuestAddress(0xfe0)).unwrap();
+        let mut out = vec![9u8; 3];
+        h.read_append(0xfe0, 0x40, &mut out).unwrap();
+        assert_eq!(out[..3], [9; 3]);
+        assert_eq!(out[3..], data[..]);
+        assert!(h.read_append(0x1fe0, 0x40, &mut out).is_err());
+        assert_eq!(out.len(), 0x43, "nothing of a range partly mapped");
     }
 
     #[test]

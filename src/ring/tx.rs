@@ -192,14 +192,15 @@ pub struct GuestTail<'a> {
 }
 
 impl GuestTail<'_> {
-    /// Copies the tail into `out[..self.len]`.
-    pub fn read_into(&self, out: &mut [u8]) -> Result<(), BadRange> {
-        let mut at = 0;
+    /// Appends the tail to `out` (unchanged if a piece is not mapped).
+    pub fn append_to(&self, out: &mut Vec<u8>) -> Result<(), BadRange> {
+        let at = out.len();
         let mem = HostMem::new(self.mem);
         for &(addr, n) in self.pieces {
-            let n = n as usize;
-            mem.read(addr, &mut out[at..at + n])?;
-            at += n;
+            if let Err(e) = mem.read_append(addr, n as usize, out) {
+                out.truncate(at);
+                return Err(e);
+            }
         }
         Ok(())
     }
