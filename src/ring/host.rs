@@ -229,14 +229,7 @@ impl<'a> HostMem<'a> {
         // No range is checked whole first: the sender's pieces were checked when its
         // chain was taken, and a destination range found unmapped part-way leaves
         // only bytes in buffers the caller hands back unused.
-        let mut done = 0;
-        while done < len {
-            let s = src
-                .span(src_addr + done as u64, len - done)
-                .ok_or(BadRange {
-                    addr: src_addr,
-                    len,
-                })?;
+        src.pieces(src_addr, len, |s, done| {
             let mut piece = 0;
             while piece < s.len {
                 let d = self
@@ -252,6 +245,25 @@ impl<'a> HostMem<'a> {
                 d.region.bitmap().mark_dirty(d.offset, d.len);
                 piece += d.len;
             }
+            Ok(())
+        })
+    }
+
+    /// Calls `f(span, done)` for each region piece of `[addr, addr + len)` in turn,
+    /// as long as the pieces are mapped and `f` succeeds (nothing is checked whole
+    /// first; see `walk` for that).
+    fn pieces(
+        &self,
+        addr: u64,
+        len: usize,
+        mut f: impl FnMut(Span<'a>, usize) -> Result<(), BadRange>,
+    ) -> Result<(), BadRange> {
+        let mut done = 0;
+        while done < len {
+            let s = self
+                .span(addr + done as u64, len - done)
+                .ok_or(BadRange { addr, len })?;
+            f(s, done)?;
             done += s.len;
         }
         Ok(())
@@ -383,22 +395,14 @@ impl Writable<'_> {
         if let Some(bad) = self.outside(off, len) {
             return Err(bad);
         }
-        let mut done = 0;
-        while done < len {
-            let s = src
-                .span(src_addr + done as u64, len - done)
-                .ok_or(BadRange {
-                    addr: src_addr,
-                    len,
-                })?;
+        src.pieces(src_addr, len, |s, done| {
             // SAFETY: the source piece is mapped for `s.len` bytes (`span`), the
             // destination for `len - done` >= `s.len` from `off + done` (checked
             // above); `copy_any` moves overlapping ranges (a guest copying into its
             // own memory) as memmove does.
             unsafe { copy_any(s.host, self.span.host.add(off + done), s.len) };
-            done += s.len;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
