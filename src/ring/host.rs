@@ -6,10 +6,11 @@
 //! `HostMem` does the same checks once per range, with the region the last access
 //! fell in or else one binary search over the regions, and copies with the
 //! semantics vm-memory uses itself: a plain `memcpy` (`ptr::copy_nonoverlapping`)
-//! for anything longer than a word, single volatile accesses for ring fields. No `&[u8]` or `&mut [u8]` is ever formed over guest
-//! memory: the guest (and the other guest, guest to guest) may change those bytes at
-//! any moment, so they only ever cross this boundary as raw copies into or out of
-//! memory gsonet owns, or between two guests' mappings.
+//! for anything longer than a word, single volatile accesses for ring fields. No
+//! `&[u8]` or `&mut [u8]` is ever formed over guest memory: the guest (and the other
+//! guest, guest to guest) may change those bytes at any moment, so they only ever
+//! cross this boundary as raw copies into or out of memory gsonet owns, or between
+//! two guests' mappings.
 //!
 //! Every write marks its pages in the region's dirty log (a relaxed load while no
 //! migration logs), as vm-memory's accessors do.
