@@ -7,10 +7,9 @@
 //! The answer is the one routing would give: everything routing and the choice of
 //! path read is in the key, the topology by its serial and the table by its
 //! generation, or is read once per batch, as the topology already is: the
-//! destination's offloads (the memo is forgotten at the end of each batch,
-//! `DeliverCtx::flush`, and whenever the batch's time is read again).
-
-use std::time::Instant;
+//! destination's offloads and the batch's time, which the table's answers are
+//! dated by (the memo is forgotten at the end of each batch, `DeliverCtx::flush`,
+//! and whenever the batch's time is read again, so it never outlives that time).
 
 use super::Endpoint;
 use crate::l2::{Mac, Tag};
@@ -29,8 +28,6 @@ pub struct JoinKey {
     pub hdr: VirtioNetHdr,
     /// A one-copy frame (part of it still in the sender's buffers).
     pub one_copy: bool,
-    /// The batch's time, which the table's answers are dated by.
-    pub now: Instant,
     /// The table's generation.
     pub generation: u64,
 }

@@ -767,7 +767,6 @@ impl Switch {
             tag: frame.tag,
             hdr: frame.hdr,
             one_copy: frame.guest.is_some(),
-            now,
             generation: self.fdb_changes.load(Acquire),
         };
         // Waiting frames for the guest come first: such a frame is routed to go
