@@ -135,7 +135,6 @@ impl HeldFrame {
     fn copy(frame: &Frame, queue: usize, again: Again) -> Option<HeldFrame> {
         let mut bytes = Vec::new();
         frame.gather(&mut bytes).ok()?;
-        bytes.truncate(frame.len);
         Some(HeldFrame {
             hdr: frame.hdr,
             bytes,
@@ -154,8 +153,7 @@ impl HeldFrame {
     /// read, or do not make a frame (they did when they were sent).
     fn of_run(f: &RunFrame, hdr: VirtioNetHdr, queue: usize) -> Option<HeldFrame> {
         let mut bytes = Vec::new();
-        let len = gather_whole(&[f.head], f.tail.as_ref(), &mut bytes).ok()?;
-        bytes.truncate(len);
+        gather_whole(&[f.head], f.tail.as_ref(), &mut bytes).ok()?;
         let parts = [&bytes[..]];
         let layout = validate(&hdr, &parts).ok()?.layout;
         let frame = Frame::new(hdr, &parts, layout).ok()?;
