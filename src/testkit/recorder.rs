@@ -17,6 +17,8 @@ use crate::vnet_hdr::VirtioNetHdr;
 pub struct Recorder {
     /// Its RX queue is full: every frame is refused.
     pub full: AtomicBool,
+    /// Frames its RX queue still takes before it is full (None: no bound).
+    pub room: Mutex<Option<usize>>,
     /// No guest behind it: the switch floods nothing to it.
     pub disconnected: bool,
     pub vlan: Option<Vid>,
@@ -72,6 +74,9 @@ impl Destination for Recorder {
     fn send(&self, _: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
         if self.full.load(Relaxed) {
             return Err(DropReason::RxQueueFull);
+        }
+        if let Some(n) = self.room.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            *n = n.checked_sub(1).ok_or(DropReason::RxQueueFull)?;
         }
         self.sent
             .lock()

@@ -53,15 +53,16 @@ pub trait Destination {
         Err(DropReason::BadAddress)
     }
     /// Hands over `frames` (each intact, its RX header made) through queue `queue`
-    /// in order, telling `each` how the i-th went. A destination that can writes
-    /// them under one hold of its queue.
+    /// in order, adding each frame that did not go to `failed` (its index and why,
+    /// in order); the others went. A destination that can writes them under one
+    /// hold of its queue.
     fn send_run(
         &self,
         queue: usize,
         frames: &[RunFrame<'_>],
-        each: &mut dyn FnMut(usize, Result<(), DropReason>),
+        failed: &mut Vec<(usize, DropReason)>,
     ) {
-        send_each(self, queue, frames, each);
+        send_each(self, queue, frames, failed);
     }
     fn stats(&self) -> &Counters;
 }
@@ -71,7 +72,7 @@ pub fn send_each<D: Destination + ?Sized>(
     dst: &D,
     queue: usize,
     frames: &[RunFrame<'_>],
-    each: &mut dyn FnMut(usize, Result<(), DropReason>),
+    failed: &mut Vec<(usize, DropReason)>,
 ) {
     for (i, f) in frames.iter().enumerate() {
         let head = [f.head];
@@ -79,7 +80,9 @@ pub fn send_each<D: Destination + ?Sized>(
             Some(tail) => dst.send_guest(queue, &f.hdr, &head, tail),
             None => dst.send(queue, &f.hdr, &head),
         };
-        each(i, r);
+        if let Err(reason) = r {
+            failed.push((i, reason));
+        }
     }
 }
 

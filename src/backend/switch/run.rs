@@ -37,6 +37,7 @@ pub struct RunSpare {
     frames: Vec<RunFrame<'static>>,
     sent_hdrs: Vec<VirtioNetHdr>,
     full: Vec<usize>,
+    failed: Vec<(usize, DropReason)>,
 }
 
 /// The run being built: its guest queue and its frames.
@@ -50,6 +51,8 @@ pub struct Run<'a> {
     /// is re-sent with), and the frames of the last write that found the queue full.
     sent_hdrs: Vec<VirtioNetHdr>,
     full: Vec<usize>,
+    /// The frames of the last write that did not go, and why.
+    failed: Vec<(usize, DropReason)>,
 }
 
 impl<'a> Run<'a> {
@@ -63,6 +66,7 @@ impl<'a> Run<'a> {
             held: None,
             sent_hdrs: spare.sent_hdrs,
             full: spare.full,
+            failed: spare.failed,
         }
     }
 
@@ -82,6 +86,7 @@ impl<'a> Run<'a> {
             frames: recycle(self.frames),
             sent_hdrs: self.sent_hdrs,
             full: self.full,
+            failed: self.failed,
         }
     }
 
@@ -138,24 +143,27 @@ impl<'a> Run<'a> {
             return;
         }
         let stats = port.stats();
-        let (mut sent, mut bytes, mut gso) = (0u64, 0u64, 0u64);
         let frames = &self.frames;
-        let holding = self.held.is_some();
+        let failed = &mut self.failed;
+        failed.clear();
+        port.send_run(*queue, frames, failed);
+        // Most runs go whole: count them all, then take back the few that did not.
+        let (mut sent, mut bytes, mut gso) = (frames.len() as u64, 0u64, 0u64);
+        for f in frames {
+            bytes += f.len() as u64;
+            gso += u64::from(f.hdr.gso.is_gso());
+        }
         let full = &mut self.full;
         full.clear();
-        port.send_run(
-            *queue,
-            frames,
-            &mut |i, r: Result<(), DropReason>| match r {
-                Ok(()) => {
-                    sent += 1;
-                    bytes += frames[i].len() as u64;
-                    gso += u64::from(frames[i].hdr.gso.is_gso());
-                }
-                Err(DropReason::RxQueueFull) if holding => full.push(i),
-                Err(reason) => stats.drop(reason),
-            },
-        );
+        for &(i, reason) in failed.iter() {
+            sent = sent.saturating_sub(1);
+            bytes = bytes.saturating_sub(frames[i].len() as u64);
+            gso = gso.saturating_sub(u64::from(frames[i].hdr.gso.is_gso()));
+            match reason {
+                DropReason::RxQueueFull if self.held.is_some() => full.push(i),
+                reason => stats.drop(reason),
+            }
+        }
         stats.rx_intact_many(sent, bytes, gso);
         if sent > 0 {
             ctx.pending.rx_written(port, *queue);
@@ -293,6 +301,31 @@ mod tests {
         assert_eq!(s.rx_frames, frames.len() as u64);
         let bytes: usize = frames.iter().map(|f| f.len()).sum();
         assert_eq!(s.rx_bytes, bytes as u64);
+    }
+
+    #[test]
+    fn a_run_that_fills_its_queue_counts_what_went_and_drops_the_rest() {
+        let (sw, ports) = learnt(2);
+        *ports[1].room.lock().unwrap() = Some(2);
+        let frames: Vec<Vec<u8>> = (0..5)
+            .map(|i| ethernet(mac(1).0, mac(0).0, &[], 0x0800, &pattern(60 + 7 * i)))
+            .collect();
+        let mut ctx = DeliverCtx::default();
+        let mut run = Run::new(RunSpare::default());
+        for f in &frames {
+            send_in_run(&sw, 0, f, &mut ctx, &mut run);
+        }
+        run.flush(&mut ctx);
+        assert_eq!(
+            ports[1].frames(),
+            frames[..2],
+            "the frames the queue had room for"
+        );
+        let s = ports[1].stats.snapshot();
+        assert_eq!(s.rx_frames, 2);
+        assert_eq!(s.rx_bytes, (frames[0].len() + frames[1].len()) as u64);
+        assert_eq!(ports[1].stats.drops(DropReason::RxQueueFull), 3);
+        assert_eq!(ports[1].drops(), 3, "no other reason");
     }
 
     #[test]

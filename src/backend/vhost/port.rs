@@ -585,7 +585,7 @@ impl Port {
         &self,
         pair: usize,
         frames: impl IntoIterator<Item = (&'s VirtioNetHdr, Source<'s>)>,
-        each: &mut dyn FnMut(usize, Result<(), RxError>),
+        each: &mut impl FnMut(usize, Result<(), RxError>),
     ) {
         let mut frames = frames.into_iter().enumerate();
         if let Err(e) = self.write_frames(pair % self.rx.len(), &mut frames, each) {
@@ -601,7 +601,7 @@ impl Port {
         &self,
         pair: usize,
         frames: &mut impl Iterator<Item = (usize, (&'s VirtioNetHdr, Source<'s>))>,
-        each: &mut dyn FnMut(usize, Result<(), RxError>),
+        each: &mut impl FnMut(usize, Result<(), RxError>),
     ) -> Result<(), RxError> {
         let Some(neg) = self.negotiated() else {
             return Err(RxError::NoBuffers);
@@ -907,24 +907,28 @@ impl Destination for Port {
         &self,
         queue: usize,
         frames: &[RunFrame<'_>],
-        each: &mut dyn FnMut(usize, Result<(), DropReason>),
+        failed: &mut Vec<(usize, DropReason)>,
     ) {
         let pair = queue % self.rx.len();
         if self.paced(pair) {
             // Paced: frame by frame, through the pacer.
-            return send_each(self, queue, frames, each);
+            return send_each(self, queue, frames, failed);
         }
-        let mut one_copy = 0;
+        let before = failed.len();
         self.receive_all(pair, frames.iter().map(run_source), &mut |i, r| {
-            if r.is_ok() {
-                one_copy += u64::from(frames[i].tail.is_some());
+            if let Err(e) = r {
+                failed.push((i, self.rx_drop(e)));
             }
-            each(i, r.map_err(|e| self.rx_drop(e)))
         });
+        let one_copy = frames.iter().filter(|f| f.tail.is_some()).count()
+            - failed[before..]
+                .iter()
+                .filter(|&&(i, _)| frames[i].tail.is_some())
+                .count();
         if one_copy > 0 {
             self.stats
                 .rx_one_copy
-                .fetch_add(one_copy, Ordering::Relaxed);
+                .fetch_add(one_copy as u64, Ordering::Relaxed);
         }
     }
 
