@@ -104,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--frontend-devargs", default="",
                     help="more net_virtio_user devargs for the testpmd frontend, e.g. "
                          "packed_vq=1 (packed rings where the backend offers them: "
-                         "--gsonet packed=BIN@packed=on beside --gsonet split=BIN)")
+                         "--gsonet packed=BIN beside --gsonet split=BIN@packed=off)")
     ap.add_argument("--bursts", type=int, default=1,
                     help="bursts of 32 frames per port the frontend sends first "
                          "(start tx_first N; default 1)")

@@ -173,8 +173,9 @@ pub struct PortConfig {
     /// Frames of 512 bytes or more go from this guest to another guest with one
     /// copy, straight from its TX buffers into the receiver's RX buffers.
     pub one_copy: bool,
-    /// Offer VIRTIO_F_RING_PACKED: a frontend that acks it gets packed rings.
-    pub packed: bool,
+    /// Whether VIRTIO_F_RING_PACKED is offered: a frontend that acks it gets packed
+    /// rings.
+    pub packed: PackedMode,
     /// Offer VIRTIO_F_IN_ORDER: buffers are used in the order they were made
     /// available (gsonet always does), and a frontend that acks it may read a packed
     /// TX ring's completions in batches.
@@ -311,6 +312,48 @@ pub fn parse_on_off(v: &str) -> Result<bool, String> {
     }
 }
 
+/// When a port offers VIRTIO_F_RING_PACKED (`packed=auto|on|off`).
+///
+/// A packed ring has no used index in guest memory, so after a restart of gsonet
+/// only the port's record of its rings' positions (`SOCKET.rings`, beside the
+/// socket; `ring::packed::record`) says where to resume; without it a restarted
+/// gsonet leaves a packed guest's queues stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PackedMode {
+    /// Offered if the record can be kept (the default); else split rings only.
+    #[default]
+    Auto,
+    /// Offered, with or without the record (a warning without it).
+    On,
+    /// Never offered.
+    Off,
+}
+
+impl std::str::FromStr for PackedMode {
+    type Err = String;
+
+    fn from_str(v: &str) -> Result<Self, String> {
+        match v {
+            "auto" => Ok(PackedMode::Auto),
+            _ => match parse_on_off(v) {
+                Ok(true) => Ok(PackedMode::On),
+                Ok(false) => Ok(PackedMode::Off),
+                Err(_) => Err("expected auto, on or off".into()),
+            },
+        }
+    }
+}
+
+impl fmt::Display for PackedMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PackedMode::Auto => "auto",
+            PackedMode::On => "on",
+            PackedMode::Off => "off",
+        })
+    }
+}
+
 /// Smallest and largest `max_burst` (an L3 packet: IPv4's minimum MTU to 64 KiB).
 pub const MAX_BURST_RANGE: (usize, usize) = (68, 65535);
 
@@ -350,7 +393,7 @@ where
 }
 
 impl PortConfig {
-    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, rx_rate, rx_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, busy_poll_us, one_copy, packed, in_order, rx_coalesce_usecs, rx_coalesce_frames, tx_coalesce_usecs, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
+    pub const KEYS: &'static str = "socket, client, queues, mac, mac_lock, mac_limit, mtu, max_burst, gro, rate, burst, rx_rate, rx_burst, vlan, trunk, allowed_vlans, allow_unsealed_memory, tx_poll_us, busy_poll_us, one_copy, packed (auto|on|off), in_order, rx_coalesce_usecs, rx_coalesce_frames, tx_coalesce_usecs, socket_mode, socket_group, and the offload switches offloads, csum, guest_csum, tso, ecn, ufo, uso, mrg_rxbuf, event_idx, indirect_desc (=on|off)";
 
     /// Parses `socket=PATH[,client][,queues=N][,mac=MAC[,mac_lock=on]][,mtu=N]
     /// [,vlan=N|,trunk=on,allowed_vlans=LIST][,socket_mode=0660][,socket_group=GROUP]
@@ -384,7 +427,7 @@ impl PortConfig {
             tx_poll_us: 0,
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             one_copy: true,
-            packed: false,
+            packed: PackedMode::Auto,
             in_order: false,
             rx_coalesce_usecs: 0,
             rx_coalesce_frames: 0,
@@ -425,7 +468,7 @@ impl PortConfig {
                 "tx_poll_us" => c.tx_poll_us = number(W, &k, &v, 0, MAX_TX_POLL_US)?,
                 "busy_poll_us" => c.busy_poll_us = number(W, &k, &v, 0, MAX_BUSY_POLL_US)?,
                 "one_copy" => c.one_copy = on_off(W, &k, &v)?,
-                "packed" => c.packed = on_off(W, &k, &v)?,
+                "packed" => c.packed = v.parse().map_err(|e| bad(W, &k, &v, e))?,
                 "in_order" => c.in_order = on_off(W, &k, &v)?,
                 "rx_coalesce_usecs" => {
                     c.rx_coalesce_usecs = number(W, &k, &v, 0, MAX_RX_COALESCE_USECS)?
@@ -979,6 +1022,47 @@ mod tests {
         assert_eq!(p.mac.unwrap().to_string(), "52:54:00:00:00:01");
         assert_eq!(p.mtu, 9000);
         assert!(!p.mask.tso && !p.mask.ufo && p.mask.uso);
+    }
+
+    #[test]
+    fn packed_is_auto_on_or_off() {
+        assert_eq!(
+            PortConfig::parse("socket=a").unwrap().packed,
+            PackedMode::Auto
+        );
+        for (v, want) in [
+            ("auto", PackedMode::Auto),
+            ("on", PackedMode::On),
+            ("true", PackedMode::On),
+            ("", PackedMode::On),
+            ("off", PackedMode::Off),
+            ("no", PackedMode::Off),
+        ] {
+            let p = PortConfig::parse(&format!("socket=a,packed={v}")).unwrap();
+            assert_eq!(p.packed, want, "packed={v}");
+        }
+        assert_eq!(PackedMode::Auto.to_string(), "auto");
+        for v in ["maybe", "Auto", "2"] {
+            match PortConfig::parse(&format!("socket=a,packed={v}")) {
+                Err(e @ ConfigError::BadValue { .. }) => {
+                    assert!(e.to_string().contains("expected auto, on or off"), "{e}")
+                }
+                other => panic!("packed={v}: {other:?}"),
+            }
+        }
+        // In a file: a string, or a boolean for on and off.
+        let t: BTreeMap<String, toml::Value> =
+            toml::from_str("socket = \"a\"\npacked = \"auto\"").unwrap();
+        assert_eq!(
+            PortConfig::from_pairs(toml_pairs(t)).unwrap().packed,
+            PackedMode::Auto
+        );
+        let t: BTreeMap<String, toml::Value> =
+            toml::from_str("socket = \"a\"\npacked = false").unwrap();
+        assert_eq!(
+            PortConfig::from_pairs(toml_pairs(t)).unwrap().packed,
+            PackedMode::Off
+        );
     }
 
     #[test]

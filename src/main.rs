@@ -164,9 +164,14 @@ struct ServeArgs {
     /// one_copy=on (default): a frame of 512 bytes or more this guest sends to another
     /// guest that takes it intact is copied once, from its buffers straight into the
     /// receiver's (rx_one_copy); off: through gsonet's memory, two copies.
-    /// packed=on (default off): offer packed virtqueues (VIRTIO_F_RING_PACKED, QEMU
-    /// virtio-net-pci packed=on, DPDK virtio_user packed_vq=1); a frontend that does
-    /// not ack them gets split rings as before. `gsonet stats` shows what was acked.
+    /// packed=auto|on|off (default auto): offer packed virtqueues (VIRTIO_F_RING_PACKED,
+    /// which QEMU virtio-net-pci packed=on and DPDK virtio_user packed_vq=1 ask for); a
+    /// frontend that does not ack them gets split rings. A packed port keeps its rings'
+    /// positions in PATH.rings beside its socket, for a restarted gsonet to resume them
+    /// from; auto offers packed rings only if that file can be kept (else split rings
+    /// only, with a warning), on offers them without it too (a restart then leaves a
+    /// packed guest's queues stopped), off never. `gsonet stats` shows what is offered
+    /// and what was acked.
     /// in_order=on (default off): offer VIRTIO_F_IN_ORDER (bit 35, DPDK virtio_user
     /// in_order=1, QEMU virtio-net-pci in_order=on): buffers are used in the order
     /// they were made available (gsonet always does), and a packed TX ring's chains
@@ -317,6 +322,14 @@ fn print_stats(r: &control::protocol::StatsReport) {
                 ""
             };
             println!("  acked features: {acked:#x} ({ring} rings{order})");
+        }
+        if let Some(offered) = p.offered {
+            let rings = match &p.packed_refused {
+                _ if offered & gsonet::features::RING_PACKED != 0 => "packed or split rings".into(),
+                Some(why) => format!("split rings only: {why}"),
+                None => "split rings only".into(),
+            };
+            println!("  offered features: {offered:#x} ({rings})");
         }
         if let (Some(rx), Some(tx)) = (p.guest_rx, p.guest_tx) {
             println!("  guest sends: {tx:?}");

@@ -68,6 +68,10 @@ fn configuration_mistakes_exit_2_with_the_reason() {
             "expected on or off",
         ),
         (
+            &["serve", "--port", "socket=/tmp/x.sock,packed=maybe"],
+            "expected auto, on or off",
+        ),
+        (
             &[
                 "serve",
                 "--port",

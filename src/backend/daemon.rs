@@ -542,16 +542,17 @@ impl Runtime {
         let id = st.next_port;
         st.next_port += 1;
         let access = resolve(&cfg.access, &cfg.socket).map_err(|e| e.to_string())?;
-        let port = Arc::new(Port::new(id, cfg).map_err(|e| DaemonError::Timer(e).to_string())?);
         let mut bound = Bound(Vec::new());
-        let listener = if port.cfg.client {
+        let listener = if cfg.client {
             None
         } else {
-            let l = listen(&port.cfg.socket, access).map_err(|e| e.to_string())?;
-            bound.0.push(port.cfg.socket.clone());
-            self.stop.own_socket(&port.cfg.socket, &l);
+            let l = listen(&cfg.socket, access).map_err(|e| e.to_string())?;
+            bound.0.push(cfg.socket.clone());
+            self.stop.own_socket(&cfg.socket, &l);
             Some(l)
         };
+        // After the listen, as at start-up (`run`): the record beside the socket.
+        let port = Arc::new(Port::new(id, cfg).map_err(|e| DaemonError::Timer(e).to_string())?);
         Ok(PreparedPort {
             port,
             listener,
@@ -1008,13 +1009,6 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
     // SIGHUP reloads the file; caught from the start, so an early one cannot kill us.
     let mut hangups = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
         .map_err(DaemonError::Thread)?;
-    let ports: Vec<Arc<Port>> = cfg
-        .ports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| Port::new(i, p.clone()).map(Arc::new))
-        .collect::<io::Result<_>>()
-        .map_err(DaemonError::Timer)?;
     let most_pairs = most_pairs(cfg.ports.iter(), &cfg.xen_vifs);
     if !cfg.xen_vifs.is_empty() {
         // Before the uplinks' read arenas are made: Xen copies from them.
@@ -1027,26 +1021,37 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         .collect::<Result<Vec<_>, _>>()?;
     // Listen on every socket before anything runs, so a bad path fails start-up; the
     // groups are looked up first, so a bad one leaves no socket behind.
-    let access = ports
+    let access = cfg
+        .ports
         .iter()
-        .map(|p| resolve(&p.cfg.access, &p.cfg.socket))
+        .map(|p| resolve(&p.access, &p.socket))
         .collect::<Result<Vec<_>, _>>()?;
     let control_access = resolve(&cfg.control_access, &cfg.control)?;
     let mut bound = Bound(Vec::new());
     let mut listeners = Vec::new();
-    for (p, access) in ports.iter().zip(access) {
-        listeners.push(if p.cfg.client {
+    for (p, access) in cfg.ports.iter().zip(access) {
+        listeners.push(if p.client {
             None
         } else {
-            let (l, own) = listener_for(&p.cfg.socket, &mut activated, &stop, || {
-                listen(&p.cfg.socket, access)
+            let (l, own) = listener_for(&p.socket, &mut activated, &stop, || {
+                listen(&p.socket, access)
             })?;
             if own {
-                bound.0.push(p.cfg.socket.clone());
+                bound.0.push(p.socket.clone());
             }
             Some(l)
         });
     }
+    // After the listen, which makes the socket's directory and fails if another
+    // gsonet serves it: the port's record of its packed rings (`SOCKET.rings`) is
+    // opened beside it, and `packed=auto` offers packed rings if it opens.
+    let ports: Vec<Arc<Port>> = cfg
+        .ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Port::new(i, p.clone()).map(Arc::new))
+        .collect::<io::Result<_>>()
+        .map_err(DaemonError::Timer)?;
     let (control_listener, own) = listener_for(&cfg.control, &mut activated, &stop, || {
         listen_control(&cfg.control, control_access)
     })?;

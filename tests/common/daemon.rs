@@ -283,6 +283,10 @@ impl Drop for Daemon {
         let _ = self.child.wait();
         for s in &self.sockets {
             let _ = std::fs::remove_file(s);
+            // The record of a packed port's rings, beside its socket.
+            let mut rings = s.clone().into_os_string();
+            rings.push(".rings");
+            let _ = std::fs::remove_file(rings);
         }
         let _ = std::fs::remove_file(&self.control);
         // The tap is persistent (it outlives gsonet by design): remove it with the test.

@@ -111,6 +111,12 @@ pub struct PortReport {
     /// The feature word the frontend acked (vhost-user ports).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acked: Option<u64>,
+    /// The feature word offered to the next frontend (vhost-user ports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offered: Option<u64>,
+    /// Why `packed=auto` does not offer packed rings (no record of their positions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packed_refused: Option<String>,
     pub max_burst: Option<usize>,
     /// Access VLAN; absent: the untagged domain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -238,6 +244,8 @@ mod tests {
                 guest_tx: None,
                 mrg_rxbuf: Some(true),
                 acked: Some(0x1_3000_0000),
+                offered: Some(0x5_3000_0000),
+                packed_refused: None,
                 max_burst: None,
                 vlan: Some(10),
                 mem_regions: 3,

@@ -451,6 +451,8 @@ mod tests {
             guest_tx: None,
             mrg_rxbuf: None,
             acked: None,
+            offered: None,
+            packed_refused: None,
             max_burst: None,
             vlan: None,
             mem_regions: 0,

@@ -21,7 +21,7 @@ use crate::backend::switch::backpressure::StallClock;
 use crate::backend::switch::deliver::{send_each, Destination, SegmentCharge};
 use crate::backend::switch::run::RunFrame;
 use crate::backend::switch::SwitchPort;
-use crate::config::{PortConfig, RateLimit, MAX_TX_COALESCE_USECS};
+use crate::config::{PackedMode, PortConfig, RateLimit, MAX_TX_COALESCE_USECS};
 use crate::features::{self, Caps, FeatureMask, Negotiated};
 use crate::l2::{Mac, Vid, VlanSet};
 use crate::ring::host::HostMem;
@@ -120,10 +120,10 @@ fn rx_ring<Q: QueueT>(kept: &mut Option<Vq>, q: &Q, packed: bool) -> Vq {
     }
 }
 
-/// The feature word port `cfg` offers under `mask`: VIRTIO_F_RING_PACKED with
-/// `packed=on` only, VIRTIO_F_IN_ORDER with `in_order=on` only.
-fn port_offer(mask: &FeatureMask, cfg: &PortConfig) -> u64 {
-    let packed = if cfg.packed { features::RING_PACKED } else { 0 };
+/// The feature word port `cfg` offers under `mask`: VIRTIO_F_RING_PACKED if
+/// `packed` (`Port::offers_packed`), VIRTIO_F_IN_ORDER with `in_order=on` only.
+fn port_offer(mask: &FeatureMask, cfg: &PortConfig, packed: bool) -> u64 {
+    let packed = if packed { features::RING_PACKED } else { 0 };
     let in_order = if cfg.in_order { features::IN_ORDER } else { 0 };
     features::offer(mask, cfg.queues) | packed | in_order
 }
@@ -192,25 +192,45 @@ pub struct Port {
     /// exclusively to wait for the drains in progress.
     tx_gate: RwLock<()>,
     pub stats: Counters,
-    /// A `packed=on` port's packed rings' published positions, kept in a file
-    /// beside its socket for the gsonet after this one (`ring::packed::record`).
+    /// A packed port's packed rings' published positions, kept in a file beside
+    /// its socket for the gsonet after this one (`ring::packed::record`).
     pub rings: Option<Arc<RingRecord>>,
+    /// Whether VIRTIO_F_RING_PACKED is offered (`packed=`, and for `auto` whether
+    /// `rings` could be opened).
+    offers_packed: bool,
+    /// Why `packed=auto` offers split rings only (`gsonet stats` shows it).
+    pub packed_refused: Option<String>,
 }
 
-/// The record of a `packed=on` port's rings: `SOCKET.rings`. None (with a warning)
-/// if it cannot be made there: a restart then resumes packed rings where the
-/// frontend says, as without it.
-fn open_record(cfg: &PortConfig) -> Option<Arc<RingRecord>> {
-    if !cfg.packed {
-        return None;
-    }
+/// The path of port `cfg`'s record: `SOCKET.rings`.
+fn record_path(cfg: &PortConfig) -> std::path::PathBuf {
     let mut path = cfg.socket.clone().into_os_string();
     path.push(".rings");
-    match RingRecord::open(std::path::Path::new(&path), 2 * usize::from(cfg.queues)) {
-        Ok(r) => Some(Arc::new(r)),
+    std::path::PathBuf::from(path)
+}
+
+/// What `packed=` makes of port `cfg`: the record of its rings (`SOCKET.rings`),
+/// whether it offers packed rings, and if it does not with `packed=auto`, why.
+/// `packed=on` offers them without a record too (with a warning): a restart then
+/// resumes packed rings where the frontend says, which leaves them stopped.
+fn open_record(cfg: &PortConfig) -> (Option<Arc<RingRecord>>, bool, Option<String>) {
+    if cfg.packed == PackedMode::Off {
+        return (None, false, None);
+    }
+    let path = record_path(cfg);
+    match RingRecord::open(&path, 2 * usize::from(cfg.queues)) {
+        Ok(r) => (Some(Arc::new(r)), true, None),
+        Err(e) if cfg.packed == PackedMode::On => {
+            tracing::warn!(port = %cfg.socket.display(), record = %path.display(), "cannot keep the packed rings' positions ({e}): after a restart of gsonet a packed guest's queues stop");
+            (None, true, None)
+        }
         Err(e) => {
-            tracing::warn!(port = %cfg.socket.display(), record = ?path, "cannot keep the packed rings' positions ({e}): after a restart of gsonet a packed guest's queues stop");
-            None
+            let why = format!(
+                "cannot keep the packed rings' positions in {}: {e}",
+                path.display()
+            );
+            tracing::warn!(port = %cfg.socket.display(), "packed=auto: {why}; split rings only (packed=on offers packed rings anyway, which a restart of gsonet leaves stopped)");
+            (None, false, Some(why))
         }
     }
 }
@@ -218,9 +238,10 @@ fn open_record(cfg: &PortConfig) -> Option<Arc<RingRecord>> {
 impl Port {
     pub fn new(id: usize, cfg: PortConfig) -> std::io::Result<Port> {
         let pairs = cfg.queues as usize;
+        let (rings, offers_packed, packed_refused) = open_record(&cfg);
         Ok(Port {
             id,
-            offer: RwLock::new((cfg.mask, port_offer(&cfg.mask, &cfg))),
+            offer: RwLock::new((cfg.mask, port_offer(&cfg.mask, &cfg, offers_packed))),
             negotiated: ArcSwapOption::empty(),
             rx_caps: AtomicU8::new(0),
             mem: ArcSwapOption::empty(),
@@ -246,7 +267,9 @@ impl Port {
             quiesced: AtomicBool::new(false),
             tx_gate: RwLock::new(()),
             stats: Counters::default(),
-            rings: open_record(&cfg),
+            rings,
+            offers_packed,
+            packed_refused,
             cfg,
         })
     }
@@ -344,7 +367,7 @@ impl Port {
     /// and keeps them across guest reboots and driver reloads.
     pub fn set_mask(&self, mask: FeatureMask) {
         *self.offer.write().unwrap_or_else(|e| e.into_inner()) =
-            (mask, port_offer(&mask, &self.cfg));
+            (mask, port_offer(&mask, &self.cfg, self.offers_packed));
     }
 
     pub fn negotiated(&self) -> Option<Negotiated> {

@@ -463,7 +463,13 @@ mod tests {
     const REPLY_ACK: u64 = 1 << 3;
 
     fn port(opts: &str) -> Arc<Port> {
-        Arc::new(Port::new(0, PortConfig::parse(&format!("socket=/t{opts}")).unwrap()).unwrap())
+        Arc::new(
+            Port::new(
+                0,
+                PortConfig::parse(&format!("socket=/t,packed=off{opts}")).unwrap(),
+            )
+            .unwrap(),
+        )
     }
 
     /// A relay for `port`: (the frontend's end, the handler's end).

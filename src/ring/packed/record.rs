@@ -22,7 +22,7 @@
 
 use std::fs::OpenOptions;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -108,7 +108,10 @@ pub fn mem_id(files: impl Iterator<Item = (u64, u64)>) -> u64 {
 
 impl RingRecord {
     /// Opens (or creates) the record at `path` for `queues` queues. A file of
-    /// another layout or size is started afresh.
+    /// another layout or size is started afresh. Only a regular file of gsonet's
+    /// own user, with one name, not writable by others, is taken: whoever else put
+    /// it there (the socket's directory may be another's, or world-writable) could
+    /// otherwise point gsonet at a file to clobber, or tell it where to resume.
     pub fn open(path: &Path, queues: usize) -> io::Result<RingRecord> {
         let len = HEADER + SLOT * queues;
         let file = OpenOptions::new()
@@ -117,8 +120,24 @@ impl RingRecord {
             .create(true)
             .truncate(false)
             .mode(0o600)
+            // Not through a symlink; a FIFO or device is refused below, not waited on.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(path)?;
-        let fresh = file.metadata()?.len() != len as u64;
+        let m = file.metadata()?;
+        let refuse = |why: String| Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+        if !m.is_file() {
+            return refuse("not a regular file".into());
+        }
+        if m.uid() != crate::sys::euid() {
+            return refuse(format!("owned by uid {}, not gsonet's", m.uid()));
+        }
+        if m.nlink() != 1 {
+            return refuse(format!("{} links to it", m.nlink()));
+        }
+        if m.mode() & 0o022 != 0 {
+            return refuse(format!("writable by others (mode {:o})", m.mode() & 0o777));
+        }
+        let fresh = m.len() != len as u64;
         if fresh {
             file.set_len(0)?;
             file.set_len(len as u64)?;
@@ -315,6 +334,52 @@ mod tests {
         let rec = RingRecord::open(&path, 4).unwrap();
         assert_eq!(rec.resume(1, owner()), None);
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_record_is_only_a_regular_file_of_gsonets_own() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("gsonet-rings-own-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let refused = |name: &str, why: &str| {
+            let e = RingRecord::open(&dir.join(name), 2).expect_err(name);
+            assert!(e.to_string().contains(why), "{name}: {e}");
+        };
+        // A symlink to a file gsonet would clobber: not followed, the file untouched.
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("link")).unwrap();
+        refused("link", "");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        // A second name for it.
+        std::fs::hard_link(&victim, dir.join("hard")).unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+        refused("hard", "2 links");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        // A directory, a FIFO (not waited on), a file others may write.
+        std::fs::create_dir(dir.join("dir")).unwrap();
+        refused("dir", "");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(dir.join("fifo"))
+            .status()
+            .is_ok_and(|s| s.success()));
+        refused("fifo", "not a regular file");
+        let open = dir.join("open");
+        std::fs::write(&open, b"").unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o622)).unwrap();
+        refused("open", "writable by others");
+        // Another user's (only root can make one).
+        let theirs = dir.join("theirs");
+        std::fs::write(&theirs, b"").unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o600)).unwrap();
+        if std::os::unix::fs::chown(&theirs, Some(65534), None).is_ok() {
+            refused("theirs", "owned by uid 65534");
+        }
+        // A fresh one, and the same again.
+        assert!(RingRecord::open(&dir.join("mine"), 2).is_ok());
+        assert!(RingRecord::open(&dir.join("mine"), 2).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
