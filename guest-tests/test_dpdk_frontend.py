@@ -10,7 +10,7 @@ interactive prompt, and compares them with ``gsonet stats --json``.
   are accepted by the host's UDP stack.
 - tap -> rxonly: frames injected into the tap reach DPDK, byte for byte.
 - two DPDK frontends on two ports: gsonet switches A's frames to B only; again
-  with packed rings (``packed_vq=1`` on gsonet ports with ``packed=on``), and with
+  with packed rings (``packed_vq=1``; gsonet ports offer them by default), and with
   VIRTIO_F_IN_ORDER (``in_order=1`` on ``in_order=on`` ports), split and packed.
 - which offloads virtio_user acks, by default and when testpmd asks for them;
   with TSO acked, a 64 KiB TCP frame from the tap reaches DPDK as one buffer.
@@ -427,13 +427,14 @@ def _a_to_b(tmp_path, name: str, port_opts: str, devargs: str, txpkts: str, net:
 
 @pytest.mark.parametrize("txpkts", ["64", "2048,2048,2048,2048"])
 def test_packed_rings_switched(dpdk_env, tmp_path, record_measurement, txpkts):
-    """Two DPDK frontends with ``packed_vq=1`` on two ``packed=on`` ports: both ack
-    VIRTIO_F_RING_PACKED (bit 34), and A's frames (txonly, 3 s; 64 bytes, and 8 KB
+    """Two DPDK frontends with ``packed_vq=1`` on two ports with the default
+    ``packed=auto`` (their sockets' directory is gsonet's to write, so both offer
+    packed rings): both ack VIRTIO_F_RING_PACKED (bit 34), and A's frames (txonly, 3 s; 64 bytes, and 8 KB
     in four segments, which virtio_user sends through indirect tables) reach B
     (rxonly, the 8 KB ones across several mergeable buffers) through packed rings:
     B counts what gsonet delivered, gsonet took every frame A sent and delivered or
     counted each."""
-    acked, _, _, rx, _ = _a_to_b(tmp_path, "packed", "packed=on", "packed_vq=1", txpkts,
+    acked, _, _, rx, _ = _a_to_b(tmp_path, "packed", "", "packed_vq=1", txpkts,
                                  "10.77.251")
     assert all(a >> 34 & 1 for a in acked), [hex(a) for a in acked]
     record_measurement(f"dpdk.packed.a_to_b.kpps.{txpkts}", rx / 3 / 1000)
@@ -551,3 +552,4 @@ def test_frontend_kill_and_reattach(dpdk_env, tmp_path, record_measurement):
     # everything both frontends handed over reached the tap
     assert up["rx_frames"] == port["tx_frames"], (port, up)
     assert not _bad_drops(port, up), (port, up)
+
