@@ -158,6 +158,8 @@ fn a_socket_in_use_is_refused_and_a_stale_one_reclaimed() {
     let v: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
     assert_eq!(v["ports"][0]["connected"], false);
     drop(first);
+    // The record of the port's packed rings, beside its socket.
+    let _ = std::fs::remove_file(format!("{sock}.rings"));
 }
 
 #[test]

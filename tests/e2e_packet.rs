@@ -200,7 +200,7 @@ impl Drop for Daemon {
             eprintln!("---- gsonet log ----\n{}", self.log());
         }
         let _ = std::fs::remove_file(&self.log);
-        let _ = std::fs::remove_file(&self.socket);
+        common::daemon::remove_socket(&self.socket);
         let _ = std::fs::remove_file(&self.control);
     }
 }

@@ -30,7 +30,7 @@ impl Drop for Serve {
         let _ = self.child.kill();
         let _ = self.child.wait();
         for p in &self.paths {
-            let _ = std::fs::remove_file(p);
+            common::daemon::remove_socket(p);
         }
     }
 }

@@ -282,11 +282,7 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
         for s in &self.sockets {
-            let _ = std::fs::remove_file(s);
-            // The record of a packed port's rings, beside its socket.
-            let mut rings = s.clone().into_os_string();
-            rings.push(".rings");
-            let _ = std::fs::remove_file(rings);
+            remove_socket(s);
         }
         let _ = std::fs::remove_file(&self.control);
         // The tap is persistent (it outlives gsonet by design): remove it with the test.
@@ -300,6 +296,15 @@ impl Drop for Daemon {
             let _ = std::fs::remove_file(&self.log);
         }
     }
+}
+
+/// Removes a port's socket and the record of its packed rings beside it
+/// (`SOCKET.rings`, which a default port keeps).
+pub fn remove_socket(socket: &Path) {
+    let _ = std::fs::remove_file(socket);
+    let mut rings = socket.as_os_str().to_owned();
+    rings.push(".rings");
+    let _ = std::fs::remove_file(rings);
 }
 
 fn tail(s: &str, lines: usize) -> String {
