@@ -127,7 +127,7 @@ struct ServeArgs {
     /// A vhost-user port: socket=PATH[,client][,queues=N][,mac=MAC][,mac_lock=on][,mac_limit=N]
     /// [,mtu=N][,max_burst=N][,gro=on|off][,rate=MBIT[,burst=KB]][,rx_rate=MBIT[,rx_burst=KB]]
     /// [,vlan=N | ,trunk=on,allowed_vlans=LIST]
-    /// [,socket_mode=MODE][,socket_group=GROUP][,tx_poll_us=N][,busy_poll_us=N][,one_copy=on|off][,packed=on|off][,in_order=on|off]
+    /// [,socket_mode=MODE][,socket_group=GROUP][,tx_poll_us=N][,busy_poll_us=N][,one_copy=on|off][,packed=auto|on|off][,in_order=on|off]
     /// and offload switches offloads|csum|guest_csum|tso|ecn|ufo|uso|mrg_rxbuf|event_idx|indirect_desc=on|off.
     /// gsonet listens on PATH (QEMU connects); with `client` (or server=off) it connects to
     /// a QEMU started with server=on. path=PATH is the same as socket=PATH. Repeat for more
