@@ -556,10 +556,7 @@ def test_frontend_kill_and_reattach(dpdk_env, tmp_path, record_measurement):
 
 @pytest.mark.full
 @pytest.mark.parametrize("ring", [
-    pytest.param("split", marks=pytest.mark.xfail(strict=True, reason=(
-        "virtio_user sends SET_VRING_BASE 0 after a server-mode reconnect while its split "
-        "ring's avail index is far ahead; gsonet counts tx_ring_broken and takes nothing "
-        "(DPDK's vhost library takes the used index from guest memory instead)"))),
+    "split",
     pytest.param("packed", marks=pytest.mark.xfail(strict=True, reason=(
         "virtio_user resets its packed rings on a server-mode reconnect and sends base "
         "0x8000, the base of the rings' last start, so gsonet resumes them at the position "
@@ -572,8 +569,9 @@ def test_gsonet_restart_under_server_mode_virtio_user(dpdk_env, tmp_path, record
     mode (virtio_user ``server=1`` makes the sockets, gsonet's ports are ``client``
     ports and connect again), with ``packed_vq=1`` for packed rings on gsonet's default
     ports: both frontends come back, and A's frames (txonly, sending throughout) reach
-    B (rxonly) after each restart. Both layouts fail today (the reasons are in the
-    parameters' marks)."""
+    B (rxonly) after each restart. On a split ring virtio_user sends base 0, and
+    gsonet starts the ring at its used index in guest memory (the log says so). The
+    packed layout fails today (the reason is in its parameter's mark)."""
     packed = ring == "packed"
     sa, sb = tmp_path / "a.sock", tmp_path / "b.sock"
     a_mac, b_mac = "02:00:00:fe:0f:0a", "02:00:00:fe:0f:0b"
@@ -617,3 +615,5 @@ def test_gsonet_restart_under_server_mode_virtio_user(dpdk_env, tmp_path, record
     if packed:
         record_measurement("dpdk.restart.packed.resumed_from_record",
                            "packed ring resumed where this port's record has it" in log)
+    else:
+        assert "split ring started at the used index in guest memory" in log

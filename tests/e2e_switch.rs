@@ -958,3 +958,54 @@ fn a_restart_serves_and_calls_a_guest_that_kicks_no_more() {
     }
     assert_eq!(a.stats(1).kicks, kicks, "A kicked");
 }
+
+/// A frontend that starts its rings again at base 0 however far they have gone, as
+/// DPDK's virtio_user in server mode does after it reconnects: gsonet starts each
+/// split ring at the used index in guest memory instead. A's chains sent before the
+/// restart are not sent again, the frame sent after it reaches B, and B's frame
+/// reaches A.
+#[test]
+fn a_ring_started_again_at_base_zero_goes_on_from_its_used_index() {
+    let (d, mut a, mut b) = two();
+    let flow = Flow::new(a_mac(), b_mac(), Ips::v4()).ports(7000, 7001);
+    let back = Flow::new(b_mac(), a_mac(), Ips::v4()).ports(7001, 7000);
+    for i in 0..5u8 {
+        let (h, f) = frames::udp(&flow, &[b'a', i], UdpGso::None);
+        a.send(&h, &f, TxLayout::Single).unwrap();
+        let (h, f) = frames::udp(&back, &[b'b', i], UdpGso::None);
+        b.send(&h, &f, TxLayout::Single).unwrap();
+    }
+    assert_eq!(
+        recv_all_where(&mut b, Duration::from_millis(300), |x| !is_hello(x)).len(),
+        5
+    );
+    assert_eq!(
+        recv_all_where(&mut a, Duration::from_millis(300), |x| !is_hello(x)).len(),
+        5
+    );
+    a.wait_tx_done(T).unwrap();
+    let bases = a.stop().expect("stop");
+    assert!(bases.iter().all(|&b| b >= 5), "{bases:?}");
+    a.restart([0, 0]).expect("restart");
+    let (h, f) = frames::udp(&flow, b"after the restart", UdpGso::None);
+    a.send(&h, &f, TxLayout::Single).unwrap();
+    let got = recv_all_where(&mut b, Duration::from_millis(500), |x| !is_hello(x));
+    let got: Vec<_> = got.iter().map(|x| x.frame.clone()).collect();
+    assert_eq!(
+        got,
+        vec![f],
+        "B got old frames again, or not the new one\n{:#}",
+        d.stats().unwrap()
+    );
+    let (h, f) = frames::udp(&back, b"to A after its restart", UdpGso::None);
+    b.send(&h, &f, TxLayout::Single).unwrap();
+    assert!(
+        recv_where(&mut a, T, |x| x.frame == f).is_some(),
+        "{:#}",
+        d.stats().unwrap()
+    );
+    let s = d.stats().unwrap();
+    for c in ["tx_ring_broken", "rx_bad_chain"] {
+        assert_eq!(port_counter(&s, 0, c), 0, "{c}\n{s:#}");
+    }
+}

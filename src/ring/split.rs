@@ -198,6 +198,22 @@ impl SplitRing {
         })
     }
 
+    /// A ring just started: where it starts. SET_VRING_BASE set the avail
+    /// position to the frontend's base, SET_VRING_ADDR the used one to the used
+    /// index in guest memory (vhost-user-backend). A base that is not the used
+    /// index does not say where the driver is; the used index does, so the ring
+    /// starts there, as DPDK's vhost library does, and the base put aside is
+    /// given back. QEMU sends the used index anyway (after a stop, and after a
+    /// backend that went away); DPDK's virtio_user in server mode sends 0 after
+    /// it reconnects, however far its ring has gone.
+    pub fn start_at_used(&mut self) -> Option<u16> {
+        let base = self.next_avail;
+        (base != self.next_used).then(|| {
+            self.next_avail = self.next_used;
+            base.0
+        })
+    }
+
     /// Puts the positions back into the vring's queue.
     pub fn store<Q: QueueT>(&self, q: &mut Q) {
         q.set_next_avail(self.next_avail.0);
@@ -361,6 +377,7 @@ impl SplitRing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ring::vq::Vq;
     use crate::ring::GuestMem;
     use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
@@ -409,6 +426,39 @@ mod tests {
         assert_eq!((e.id(), e.len()), (u32::from(head), 7));
         r.store(&mut q);
         assert_eq!((q.next_avail(), q.next_used()), (1, 1));
+    }
+
+    #[test]
+    fn a_start_at_a_base_that_is_not_the_used_index_starts_at_the_used_index() {
+        let m = GuestMem::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let h = HostMem::new(&m);
+        let mock = MockSplitQueue::new(&m, 16);
+        let mut q: Queue = mock.create_queue().unwrap();
+        // A driver far into its ring (3 chains waiting) whose frontend sent base 0;
+        // SET_VRING_ADDR took the used index from guest memory.
+        mock.avail().idx().store(40_003);
+        mock.used().idx().store(40_000);
+        q.set_next_avail(0);
+        q.set_next_used(40_000);
+        assert_eq!(SplitRing::of(&q).pending(&h), None);
+        let mut vq = Vq::of(&q, false);
+        assert_eq!(vq.start_at_used(0, &mut q), Some((0, 40_000)));
+        assert_eq!((q.next_avail(), q.next_used()), (40_000, 40_000));
+        assert_eq!(vq.pending_fresh(&h), Some(3));
+        assert_eq!(vq.split_gap(), Some(0));
+        // A base that is the used index (QEMU's) is nothing to say.
+        assert_eq!(Vq::of(&q, false).start_at_used(0, &mut q), None);
+        // Nor is one as far past it as the ring was left: heads outside the
+        // table skipped without a used entry.
+        q.set_next_avail(40_002);
+        assert_eq!(Vq::of(&q, false).start_at_used(2, &mut q), None);
+        assert_eq!(q.next_avail(), 40_002);
+        // Any other is: the ring starts at the used index.
+        assert_eq!(
+            Vq::of(&q, false).start_at_used(1, &mut q),
+            Some((40_002, 40_000))
+        );
+        assert_eq!(q.next_avail(), 40_000);
     }
 
     #[test]

@@ -109,6 +109,33 @@ impl Vq {
         }
     }
 
+    /// A split ring whose avail position is not `gap` past its used one was
+    /// started by its frontend since it was last left so (`Port::look_at_start`):
+    /// it starts at the used index in guest memory (`SplitRing::start_at_used`),
+    /// the positions go back into `q` at once, and (base, used index) is given
+    /// when the base was not it. A packed ring has no used index in memory: its
+    /// start is the relay's (`backend::vhost::resume`).
+    pub fn start_at_used<Q: QueueT>(&mut self, gap: u16, q: &mut Q) -> Option<(u16, u16)> {
+        let Vq::Split { ring, .. } = self else {
+            return None;
+        };
+        if (ring.next_avail - ring.next_used).0 == gap {
+            return None;
+        }
+        let base = ring.start_at_used()?;
+        ring.store(q);
+        Some((base, ring.next_used.0))
+    }
+
+    /// A split ring's avail position past its used one (the heads skipped without
+    /// a used entry); `None` for a packed ring.
+    pub fn split_gap(&self) -> Option<u16> {
+        match self {
+            Vq::Split { ring, .. } => Some((ring.next_avail - ring.next_used).0),
+            Vq::Packed { .. } => None,
+        }
+    }
+
     /// Puts the positions back into the vring's queue.
     pub fn store<Q: QueueT>(&self, q: &mut Q) {
         match self {

@@ -3,7 +3,9 @@
 //! use to hand it frames (under the RX queue's own lock, held for the copy only).
 
 use std::num::Wrapping;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use arc_swap::ArcSwapOption;
@@ -150,6 +152,9 @@ pub struct Port {
     /// Whether `rate=` is set: the guest's frames skip its bucket's lock and clock.
     tx_limited: AtomicBool,
     rx: Vec<Mutex<RxSlot>>,
+    /// Each split queue's avail position past its used one as last left
+    /// (`keep_gap`).
+    split_gaps: Box<[AtomicU16]>,
     connected: AtomicBool,
     /// How long the guest has kept its RX queue full.
     stall: StallClock,
@@ -249,6 +254,7 @@ impl Port {
             rx_limited: AtomicBool::new(cfg.rx_rate.is_some()),
             tx_limited: AtomicBool::new(cfg.rate.is_some()),
             rx: (0..pairs).map(|_| Mutex::new(RxSlot::default())).collect(),
+            split_gaps: (0..2 * pairs).map(|_| AtomicU16::new(0)).collect(),
             connected: AtomicBool::new(false),
             max_burst: AtomicUsize::new(cfg.max_burst.unwrap_or(0)),
             gro: AtomicBool::new(cfg.gro),
@@ -571,6 +577,32 @@ impl Port {
         self.rings.as_ref().and_then(|r| r.slot_of(q))
     }
 
+    /// At a hold of ready queue `q`: a split ring whose avail position is not as
+    /// far past its used one as this port left it (`keep_gap`) was started since
+    /// by its frontend (SET_VRING_BASE, SET_VRING_ADDR), and starts at the used
+    /// index in guest memory if the frontend's base is not it
+    /// (`Vq::start_at_used`), said once per start. The two positions differ by
+    /// the heads outside the table skipped without a used entry; a frontend that
+    /// sends the base it read back (QEMU) keeps that difference.
+    pub fn look_at_start<Q: QueueT>(&self, q: usize, ring: &mut Vq, queue: &mut Q) {
+        let Some(kept) = self.split_gaps.get(q) else {
+            return;
+        };
+        if let Some((base, used)) = ring.start_at_used(kept.load(Ordering::Relaxed), queue) {
+            kept.store(0, Ordering::Relaxed);
+            tracing::info!(port = %self.name(), queue = q, frontend_base = base, used,
+                "split ring started at the used index in guest memory, not at the frontend's base (DPDK's virtio_user sends 0 after a reconnect)");
+        }
+    }
+
+    /// What `look_at_start` compares with: how far queue `q`'s avail position is
+    /// past its used one as a hold leaves it (under the vring's lock).
+    pub fn keep_gap(&self, q: usize, ring: &Vq) {
+        if let (Some(kept), Some(gap)) = (self.split_gaps.get(q), ring.split_gap()) {
+            kept.store(gap, Ordering::Relaxed);
+        }
+    }
+
     /// Remembers the vring of RX queue `pair`, seen by its worker.
     pub fn remember_rx(&self, pair: usize, vring: &Vring) {
         if let Some(slot) = self.rx.get(pair) {
@@ -658,6 +690,7 @@ impl Port {
             return Err(RxError::NoBuffers);
         }
         let mut ring = rx_ring(packed, state.get_queue(), neg.packed);
+        self.look_at_start(2 * pair, &mut ring, state.get_queue_mut());
         ring.record_in(|| self.ring_slot(2 * pair));
         let fmt = RxFormat {
             hdr_len: neg.hdr_len(),
@@ -709,6 +742,7 @@ impl Port {
             }
         }
         ring.store(state.get_queue_mut());
+        self.keep_gap(2 * pair, &ring);
         match ring {
             Vq::Split { ring, .. } => {
                 *avail_seen = ring.avail_seen.map(|seen| (ring.avail, seen));

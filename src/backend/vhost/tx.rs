@@ -266,6 +266,7 @@ fn take_and_send(
     let q = st.get_queue_mut();
     let hm = HostMem::new(mem);
     let mut ring = Vq::of(q, s.packed);
+    port.look_at_start(2 * s.pair + 1, &mut ring, q);
     ring.record_in(|| port.ring_slot(2 * s.pair + 1));
     // The driver reads a TX completion's id only, never its length.
     ring.batch_used(s.in_order);
@@ -284,6 +285,7 @@ fn take_and_send(
         // travel.
         let back = give_back(&mut ring, &hm, w);
         ring.store(q);
+        port.keep_gap(2 * s.pair + 1, &ring);
         drop(st);
         send_batch(s, &hm, w);
         back
@@ -295,6 +297,7 @@ fn take_and_send(
         }
         let back = give_back(&mut ring, &hm, w);
         ring.store(q);
+        port.keep_gap(2 * s.pair + 1, &ring);
         drop(st);
         back
     };
