@@ -56,13 +56,24 @@ struct Found {
     region: *const Region,
 }
 
+impl Found {
+    /// No region: its length is 0, so no address is in it.
+    const NONE: Found = Found {
+        start: 0,
+        len: 0,
+        host: std::ptr::null_mut(),
+        region: std::ptr::null(),
+    };
+}
+
 /// Guest memory as the datapath reads and writes it: checked ranges, raw copies.
 pub struct HostMem<'a> {
     mem: &'a GuestMem,
     /// The region the last access fell in, found in `mem`: a batch's rings and
     /// buffers nearly always lie in one or two regions, so most accesses skip the
     /// search over the regions and the pointer chase into each one it compares.
-    last: Cell<Option<Found>>,
+    /// Before the first access, `Found::NONE`, which holds no address.
+    last: Cell<Found>,
 }
 
 impl Clone for HostMem<'_> {
@@ -78,7 +89,7 @@ impl<'a> HostMem<'a> {
     pub fn new(mem: &'a GuestMem) -> HostMem<'a> {
         HostMem {
             mem,
-            last: Cell::new(None),
+            last: Cell::new(Found::NONE),
         }
     }
 
@@ -88,14 +99,14 @@ impl<'a> HostMem<'a> {
     }
 
     /// The region `addr` is in: the last one found if it holds `addr`, else searched.
+    #[inline]
     fn region(&self, addr: u64) -> Option<(Found, &'a Region)> {
-        if let Some(f) = self.last.get() {
-            if addr.wrapping_sub(f.start) < f.len {
-                // SAFETY: `last` only ever holds a region of `self.mem` (set below,
-                // and copied with `mem` by `clone`), which `self.mem` keeps alive
-                // and unchanged for 'a.
-                return Some((f, unsafe { &*f.region }));
-            }
+        let f = self.last.get();
+        if addr.wrapping_sub(f.start) < f.len {
+            // SAFETY: `last` holds a region of `self.mem` whenever its length is
+            // not 0 (set below, and copied with `mem` by `clone`), which
+            // `self.mem` keeps alive and unchanged for 'a.
+            return Some((f, unsafe { &*f.region }));
         }
         let region = self.mem.find_region(GuestAddress(addr))?;
         let f = Found {
@@ -104,13 +115,14 @@ impl<'a> HostMem<'a> {
             host: region.as_ptr(),
             region,
         };
-        self.last.set(Some(f));
+        self.last.set(f);
         Some((f, region))
     }
 
     /// The mapped piece of `[addr, addr + len)` that starts at `addr`: all of it, or
     /// the part up to the end of the region `addr` is in. `None` if `addr` is not
     /// mapped or the range wraps the address space.
+    #[inline]
     fn span(&self, addr: u64, len: usize) -> Option<Span<'a>> {
         addr.checked_add(len as u64)?;
         let (f, region) = self.region(addr)?;
@@ -212,6 +224,7 @@ impl<'a> HostMem<'a> {
     /// if it lies in one region (a frame and its header into one RX buffer); marked
     /// dirty whole now, so whatever of it is written is logged. `None` if it is not
     /// mapped in one region (the caller writes it with `write`, range by range).
+    #[inline]
     pub fn writable(&self, addr: u64, len: usize) -> Option<Writable<'_>> {
         let span = self.span(addr, len).filter(|s| s.len == len)?;
         span.region.bitmap().mark_dirty(span.offset, len);
@@ -274,6 +287,7 @@ impl<'a> HostMem<'a> {
     /// `[addr, addr + len)`, so that a copy later in the batch finds them near
     /// instead of waiting for each frame's lines in turn. Only a hint: nothing is
     /// read, and a range that is not mapped is ignored (its copy checks it).
+    #[inline]
     pub fn prefetch(&self, addr: u64, len: usize) {
         #[cfg(target_arch = "x86_64")]
         if let Some(s) = self.span(addr, len.min(PREFETCH_BYTES)) {
@@ -290,12 +304,14 @@ impl<'a> HostMem<'a> {
 
     /// A little-endian `u16` of the ring, read with `Acquire` (an index the other
     /// side publishes). The address must be mapped and 2-byte aligned.
+    #[inline]
     pub fn load_u16(&self, addr: u64, order: Ordering) -> Option<u16> {
         let a = self.atomic_u16(addr)?;
         Some(u16::from_le(a.load(order)))
     }
 
     /// Stores a little-endian `u16` of the ring (an index or flags we publish).
+    #[inline]
     pub fn store_u16(&self, addr: u64, v: u16, order: Ordering) -> Option<()> {
         let a = self.atomic_u16(addr)?;
         a.store(v.to_le(), order);
@@ -304,6 +320,7 @@ impl<'a> HostMem<'a> {
         Some(())
     }
 
+    #[inline]
     fn atomic_u16(&self, addr: u64) -> Option<&'a AtomicU16> {
         if !addr.is_multiple_of(2) {
             return None;
@@ -316,6 +333,7 @@ impl<'a> HostMem<'a> {
     }
 
     /// Reads `N` bytes at `addr` (a descriptor).
+    #[inline]
     pub fn read_array<const N: usize>(&self, addr: u64) -> Option<[u8; N]> {
         let mut v = [0u8; N];
         match self.span(addr, N) {
@@ -332,6 +350,7 @@ impl<'a> HostMem<'a> {
     /// Writes a split ring's used element (`id`, `len`) at `addr`: two aligned
     /// 32-bit stores rather than a call to copy eight bytes (the element is only
     /// 4-byte aligned). False if the eight bytes are not mapped and aligned.
+    #[inline]
     pub fn store_used_elem(&self, addr: u64, id: u32, len: u32) -> bool {
         if !addr.is_multiple_of(4) {
             return self.write_pair(addr, id, len);
