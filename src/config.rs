@@ -428,7 +428,7 @@ impl PortConfig {
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             one_copy: true,
             packed: PackedMode::Auto,
-            in_order: false,
+            in_order: true,
             rx_coalesce_usecs: 0,
             rx_coalesce_frames: 0,
             tx_coalesce_usecs: 0,

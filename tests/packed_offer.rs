@@ -212,3 +212,27 @@ fn a_default_port_in_a_directory_gsonet_makes_keeps_its_record_there() {
     assert!(rings(&added).is_file());
     assert_ne!(offer_seen(&added) & RING_PACKED, 0);
 }
+
+/// VIRTIO_F_IN_ORDER (bit 35) is offered by default, as DPDK's vhost library offers
+/// it, and acked by a frontend that asks; `in_order=off` stops the offer.
+#[test]
+fn in_order_is_offered_by_default_and_not_with_in_order_off() {
+    const IN_ORDER: u64 = 1 << 35;
+    let dir = Dir::new();
+    let sock = dir.join("a.sock");
+    let d = start("", &sock, "in_order=off");
+    let st = d.stats().unwrap();
+    assert_ne!(offered(&st, 0) & IN_ORDER, 0, "{st}");
+    assert_eq!(offered(&st, 1) & IN_ORDER, 0, "{st}");
+    assert_eq!(offer_seen(&sock) & IN_ORDER, 0);
+    let fe = TestFrontend::connect(
+        &d.sockets[0],
+        FrontendOpts {
+            features: feat::LINUX_DEFAULT | IN_ORDER,
+            require_features: true,
+            ..Default::default()
+        },
+    )
+    .expect("in-order frontend");
+    assert_ne!(fe.acked_features() & IN_ORDER, 0);
+}
