@@ -260,6 +260,7 @@ impl SplitRing {
 
     /// Takes the next available head (the caller knows from `pending` that there is
     /// one). `None` if the avail ring is not readable.
+    #[inline]
     pub fn pop(&mut self, hm: &HostMem<'_>) -> Option<u16> {
         let slot = self.slot(self.next_avail);
         let head = hm.load_u16(self.avail + AVAIL_HEADER + 2 * slot, Ordering::Relaxed)?;
@@ -271,6 +272,7 @@ impl SplitRing {
     /// least `need` bytes (not indirect), returning its head and its buffer's address;
     /// otherwise takes nothing (the caller walks it as any chain). The caller knows
     /// from `pending` that a chain is available.
+    #[inline]
     pub fn take_single_writable(&mut self, hm: &HostMem<'_>, need: usize) -> Option<(u16, u64)> {
         let slot = self.slot(self.next_avail);
         let head = hm.load_u16(self.avail + AVAIL_HEADER + 2 * slot, Ordering::Relaxed)?;
@@ -287,6 +289,7 @@ impl SplitRing {
     }
 
     /// Starts loading head `head`'s descriptor (see `HostMem::prefetch`).
+    #[inline]
     pub fn prefetch_desc(&self, hm: &HostMem<'_>, head: u16) {
         if head < self.size {
             hm.prefetch(self.desc + u64::from(head) * DESC_SIZE, DESC_SIZE as usize);
@@ -300,6 +303,7 @@ impl SplitRing {
 
     /// Writes used element `head`/`len` at the next used slot, without publishing it.
     /// A head outside the table is not written (no used entry can name it).
+    #[inline]
     pub fn put_used(&mut self, hm: &HostMem<'_>, head: u16, len: u32) -> bool {
         if head >= self.size {
             return false;

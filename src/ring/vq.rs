@@ -154,6 +154,7 @@ impl Vq {
 
     /// Whether a buffer is available; `None` for a broken ring (a split avail index
     /// more than a queue ahead, a packed position outside the ring, unmapped).
+    #[inline]
     pub fn has_avail(&mut self, hm: &HostMem<'_>) -> Option<bool> {
         match self {
             Vq::Split { ring, pending } => {
@@ -230,6 +231,7 @@ impl Vq {
     /// Takes the next buffer, which the caller knows is available (from
     /// `pending_cached`), walking at most `max` of its descriptors if the layout
     /// walks it now (packed). `None` if the ring cannot be read there.
+    #[inline]
     pub fn take_next(&mut self, hm: &HostMem<'_>, max: usize) -> Option<Head> {
         match self {
             Vq::Split { ring, pending } => {
@@ -250,6 +252,7 @@ impl Vq {
     /// A split ring's next chain, taken if it is one writable buffer that holds
     /// `need` bytes (`SplitRing::take_single_writable`): its head and the buffer's
     /// address. `None` (nothing taken) otherwise, and always for a packed ring.
+    #[inline]
     pub fn take_single_writable(&mut self, hm: &HostMem<'_>, need: usize) -> Option<(Head, u64)> {
         match self {
             Vq::Split { ring, pending } => {
@@ -270,6 +273,7 @@ impl Vq {
 
     /// Takes the next available buffer, walking at most `max` of its descriptors if
     /// the layout walks it now (packed). `None` if none is available.
+    #[inline]
     pub fn take(&mut self, hm: &HostMem<'_>, max: usize) -> Option<Head> {
         if !self.has_avail(hm)? {
             return None;
@@ -308,6 +312,7 @@ impl Vq {
     /// Appends `head`'s descriptors (at most `max`) to `out`; returns how its walk
     /// ended and whether its head descriptor points at an indirect table (a split
     /// ring's head is read again for that only with `ask_indirect`, else false).
+    #[inline]
     pub fn walk(
         &self,
         hm: &HostMem<'_>,
@@ -367,6 +372,7 @@ impl Vq {
 
     /// Records `head`'s used entry with `len` bytes written. `false` if it cannot
     /// go back (a split head outside the table, an unmapped used entry).
+    #[inline]
     pub fn put_used(&mut self, hm: &HostMem<'_>, head: &Head, len: u32) -> bool {
         match self {
             Vq::Split { ring, .. } => ring.put_used(hm, head.id, len),
