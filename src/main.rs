@@ -174,9 +174,8 @@ struct ServeArgs {
     /// and what was acked.
     /// in_order=on|off (default on): offer VIRTIO_F_IN_ORDER (bit 35, DPDK virtio_user
     /// in_order=1, its default; QEMU virtio-net-pci in_order=on): buffers are used in
-    /// the order they were made available (gsonet always does), and a packed TX
-    /// ring's chains go back with one used descriptor per batch. off stops offering
-    /// the bit.
+    /// the order they were made available (gsonet always does), and a TX ring's
+    /// chains go back with one used entry per batch. off stops offering the bit.
     /// rx_coalesce_usecs=N (0..10000, default 0: off) and rx_coalesce_frames=N
     /// (0..1024): RX interrupt moderation as `ethtool -C rx-usecs/rx-frames` means it: a
     /// frame is announced to the guest at most N µs after it was written, or at once

@@ -170,6 +170,9 @@ pub struct SplitRing {
     pub event_idx: bool,
     /// The avail index as last read (`pending_cached`), if the caller kept it.
     pub avail_seen: Option<Wrapping<u16>>,
+    /// A TX batch's chains go back as one used element (`put_used_in_order`):
+    /// VIRTIO_F_IN_ORDER was acked.
+    pub batch_used: bool,
 }
 
 impl SplitRing {
@@ -183,6 +186,7 @@ impl SplitRing {
             next_used: Wrapping(q.next_used()),
             event_idx: q.event_idx_enabled(),
             avail_seen: None,
+            batch_used: false,
         }
     }
 
@@ -315,6 +319,38 @@ impl SplitRing {
         }
         self.next_used += 1;
         true
+    }
+
+    /// Hands back `heads`, taken in this order, as one used element (VIRTIO_F_IN_ORDER,
+    /// 2.7.9 "In-order use of descriptors"): the last head's id, length 0, in the
+    /// first head's used slot, and the used position past all of them. A head
+    /// outside the table is skipped, as `put_used` skips it. Returns the heads not
+    /// handed back: those skipped, or all of them if the used slot is not mapped.
+    /// For a TX ring, whose driver reads no length.
+    pub fn put_used_in_order(
+        &mut self,
+        hm: &HostMem<'_>,
+        heads: impl Iterator<Item = u16>,
+    ) -> usize {
+        let first = self.next_used;
+        let (mut last, mut taken, mut skipped) = (None, 0u16, 0);
+        for head in heads {
+            if head >= self.size {
+                skipped += 1;
+            } else {
+                last = Some(head);
+                taken += 1;
+            }
+        }
+        let Some(last) = last else {
+            return skipped;
+        };
+        let at = self.used + USED_HEADER + self.slot(first) * USED_ELEM;
+        if !hm.store_used_elem(at, u32::from(last), 0) {
+            return skipped + usize::from(taken);
+        }
+        self.next_used += taken;
+        skipped
     }
 
     /// Publishes every used element written so far (`Release`: the elements and the
@@ -463,6 +499,30 @@ mod tests {
             Some((40_002, 40_000))
         );
         assert_eq!(q.next_avail(), 40_000);
+    }
+
+    #[test]
+    fn an_in_order_batch_goes_back_as_one_used_element_in_its_first_slot() {
+        let m = GuestMem::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let h = HostMem::new(&m);
+        let mock = MockSplitQueue::new(&m, 16);
+        let mut q: Queue = mock.create_queue().unwrap();
+        q.set_next_avail(14);
+        q.set_next_used(14);
+        let mut r = SplitRing::of(&q);
+        // Across the ring's end; a head outside the table is skipped.
+        assert_eq!(r.put_used_in_order(&h, [3, 7, 99, 5].into_iter()), 1);
+        assert_eq!(r.next_used.0, 17);
+        assert!(r.publish_used(&h));
+        assert_eq!(mock.used().idx().load(), 17);
+        let e = mock.used().ring().ref_at(14).unwrap().load();
+        assert_eq!((e.id(), e.len()), (5, 0));
+        for slot in [15, 0] {
+            assert_eq!(mock.used().ring().ref_at(slot).unwrap().load().id(), 0, "slot {slot}");
+        }
+        // Nothing to hand back but a bad head: nothing written, nothing moved.
+        assert_eq!(r.put_used_in_order(&h, [16].into_iter()), 1);
+        assert_eq!(r.next_used.0, 17);
     }
 
     #[test]

@@ -367,10 +367,9 @@ impl TxBatch {
     /// could not be handed back (outside the ring, or the used ring unmapped).
     pub fn give_back(&mut self, ring: &mut Vq, hm: &HostMem<'_>) -> usize {
         self.pieces.clear();
-        self.walked
-            .drain(..)
-            .filter(|c| !ring.put_used(hm, &c.head, 0))
-            .count()
+        let bad = ring.put_used_all(hm, self.walked.iter().map(|c| &c.head));
+        self.walked.clear();
+        bad
     }
 }
 

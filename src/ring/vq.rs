@@ -100,12 +100,30 @@ impl Vq {
         }
     }
 
-    /// Lets a packed ring complete each publish's run of buffers with one used
-    /// descriptor (`PackedRing::batch_used`: VIRTIO_F_IN_ORDER, a TX ring). A split
-    /// ring writes every entry.
+    /// Lets a TX ring complete a batch of buffers with one used entry
+    /// (VIRTIO_F_IN_ORDER): a packed ring each publish's run of buffers
+    /// (`PackedRing::batch_used`), a split ring each `put_used_in_order`.
     pub fn batch_used(&mut self, on: bool) {
-        if let Vq::Packed { ring, .. } = self {
-            ring.batch_used = on;
+        match self {
+            Vq::Packed { ring, .. } => ring.batch_used = on,
+            Vq::Split { ring, .. } => ring.batch_used = on,
+        }
+    }
+
+    /// Hands back `heads`, taken in this order, with length 0: as one used entry on
+    /// a split ring with `batch_used` (`SplitRing::put_used_in_order`), else one
+    /// `put_used` each (a packed ring with `batch_used` joins them at its publish).
+    /// Returns how many could not go back.
+    pub fn put_used_all<'h>(
+        &mut self,
+        hm: &HostMem<'_>,
+        heads: impl Iterator<Item = &'h Head>,
+    ) -> usize {
+        match self {
+            Vq::Split { ring, .. } if ring.batch_used => {
+                ring.put_used_in_order(hm, heads.map(|h| h.id))
+            }
+            _ => heads.filter(|h| !self.put_used(hm, h, 0)).count(),
         }
     }
 

@@ -38,7 +38,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -478,6 +478,11 @@ struct DriverQueue {
     /// avail->idx at the last notify decision.
     kicked_idx: u16,
     inflight: HashMap<u16, Inflight>,
+    /// Heads in flight in the order they were made available (IN_ORDER reading).
+    order: VecDeque<u16>,
+    /// IN_ORDER: the last buffer (id, len) of the batch being read, from the one
+    /// used element the device may write for a whole batch.
+    batch_last: Option<(u16, u32)>,
     kick: EventFd,
     call: EventFd,
     stats: QueueStats,
@@ -711,6 +716,8 @@ impl TestFrontend {
                 last_used: 0,
                 kicked_idx: 0,
                 inflight: HashMap::new(),
+                order: VecDeque::new(),
+                batch_last: None,
                 kick: EventFd::new(EFD_NONBLOCK)?,
                 call: EventFd::new(EFD_NONBLOCK)?,
                 stats: QueueStats::default(),
@@ -1502,6 +1509,7 @@ impl TestFrontend {
                 .write_obj(desc, GuestAddress(q.desc + 16 * ids[i] as u64))?;
         }
         let head = ids[0];
+        q.order.push_back(head);
         q.inflight.insert(
             head,
             Inflight {
@@ -1569,6 +1577,7 @@ impl TestFrontend {
 
     /// Pop one used entry if the device produced one (acquire on used->idx).
     fn pop_used(&mut self, queue: usize) -> Result<Option<(u16, u32)>> {
+        let in_order = self.has(feat::IN_ORDER);
         let q = &mut self.queues[queue];
         let idx: u16 = self.mem.load(GuestAddress(q.used + 2), Ordering::Acquire)?;
         if idx == q.last_used {
@@ -1580,8 +1589,37 @@ impl TestFrontend {
             q.last_used
         );
         let e = q.used + 4 + 8 * (q.last_used % q.size) as u64;
-        let id: u32 = self.mem.read_obj(GuestAddress(e))?;
-        let len: u32 = self.mem.read_obj(GuestAddress(e + 4))?;
+        let read = |mem: &GuestMemoryMmap<()>| -> Result<(u32, u32)> {
+            Ok((
+                mem.read_obj(GuestAddress(e))?,
+                mem.read_obj(GuestAddress(e + 4))?,
+            ))
+        };
+        if in_order {
+            // 2.7.9: one used element may stand for a batch, naming its last buffer
+            // in the first slot; the buffers up to it are used in the order they
+            // were made available.
+            let (last, len) = match q.batch_last {
+                Some(b) => b,
+                None => {
+                    let (id, len) = read(&self.mem)?;
+                    ensure!(
+                        id < q.size as u32 && q.order.contains(&(id as u16)),
+                        "queue {queue}: in-order used element names id {id}, not in flight"
+                    );
+                    (id as u16, len)
+                }
+            };
+            let id = q
+                .order
+                .pop_front()
+                .expect("a batch's buffers are in flight");
+            q.batch_last = (id != last).then_some((last, len));
+            q.last_used = q.last_used.wrapping_add(1);
+            q.stats.used += 1;
+            return Ok(Some((id, if id == last { len } else { 0 })));
+        }
+        let (id, len) = read(&self.mem)?;
         q.last_used = q.last_used.wrapping_add(1);
         q.stats.used += 1;
         ensure!(
@@ -1640,6 +1678,9 @@ impl TestFrontend {
             .inflight
             .remove(&id)
             .ok_or_else(|| anyhow!("queue {queue}: id {id} not in flight"))?;
+        if let Some(at) = q.order.iter().position(|&h| h == id) {
+            q.order.remove(at);
+        }
         q.free.extend(inf.descs.iter().rev());
         for &(a, l) in &inf.allocs {
             self.arena.free(a, l);
