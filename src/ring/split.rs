@@ -518,7 +518,11 @@ mod tests {
         let e = mock.used().ring().ref_at(14).unwrap().load();
         assert_eq!((e.id(), e.len()), (5, 0));
         for slot in [15, 0] {
-            assert_eq!(mock.used().ring().ref_at(slot).unwrap().load().id(), 0, "slot {slot}");
+            assert_eq!(
+                mock.used().ring().ref_at(slot).unwrap().load().id(),
+                0,
+                "slot {slot}"
+            );
         }
         // Nothing to hand back but a bad head: nothing written, nothing moved.
         assert_eq!(r.put_used_in_order(&h, [16].into_iter()), 1);

@@ -4,7 +4,8 @@
 //! `ring::rx::write_frame`.
 //!
 //! Input layout: 1 byte mode (bit 0 RX, bit 1 MRG_RXBUF, bit 2 INDIRECT_DESC, bit 3
-//! 10-byte legacy header) | 1 byte queue size (2 << (b % 8)) | 1 byte avail index |
+//! 10-byte legacy header, bit 4 deferred RX publish / TX one-copy frames, bit 5 TX
+//! in order) | 1 byte queue size (2 << (b % 8)) | 1 byte avail index |
 //! 12 bytes virtio_net_hdr | 1 byte frame count k (mod 4, +1) | k * 2 bytes frame
 //! lengths (LE) | one byte per avail ring entry (head index) | 6 bytes per descriptor
 //! (addr u16 LE, len u16 LE, flags, next) | the rest: bytes at `DATA` (indirect tables).
@@ -52,6 +53,9 @@ pub struct Mode {
     /// index published after the frame (`write_frame_in` without `publish`). TX:
     /// long chains are taken as one-copy frames (`TxBatch::set_one_copy`).
     pub deferred: bool,
+    /// TX: VIRTIO_F_IN_ORDER, each batch handed back as one used element
+    /// (`SplitRing::put_used_in_order`).
+    pub in_order: bool,
 }
 
 impl Mode {
@@ -61,6 +65,7 @@ impl Mode {
             | u8::from(self.indirect) << 2
             | u8::from(self.legacy_hdr) << 3
             | u8::from(self.deferred) << 4
+            | u8::from(self.in_order) << 5
     }
 
     fn hdr_len(self) -> usize {
@@ -245,6 +250,7 @@ pub fn fuzz_one(data: &[u8]) {
         indirect: data[0] & 4 != 0,
         legacy_hdr: data[0] & 8 != 0,
         deferred: data[0] & 16 != 0,
+        in_order: data[0] & 32 != 0,
     };
     let size = 2u16 << (data[1] % 8);
     let avail_idx = u16::from(data[2]);
@@ -300,6 +306,7 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
     let max_descs = usize::from(q.size());
     let hm = HostMem::new(m);
     let mut vq = Vq::of(q, false);
+    vq.batch_used(mode.in_order);
     let split = |vq: &Vq| match vq {
         Vq::Split { ring, .. } => *ring,
         Vq::Packed { .. } => unreachable!("a split ring"),
@@ -449,19 +456,38 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
             if checked {
                 at += keep(total);
             }
-            // Its used entry names it, unless its head is outside the ring.
-            if want.head < split(&vq).size {
+            // Its used entry names it, unless its head is outside the ring (in
+            // order: the batch's one entry is checked below).
+            if want.head >= split(&vq).size {
+                outside += 1;
+            } else if !mode.in_order {
                 let slot =
                     u64::from((used_at.0.wrapping_add((k - outside) as u16)) % split(&vq).size);
                 let mut elem = [0u8; 8];
                 m.read_slice(&mut elem, GuestAddress(ring.used + 4 + 8 * slot))
                     .unwrap();
                 assert_eq!(&elem[..4], &u32::from(want.head).to_le_bytes());
-            } else {
-                outside += 1;
             }
         }
         assert_eq!(bad_heads, outside);
+        let size = split(&vq).size;
+        assert_eq!(
+            (split(&vq).next_used - used_at).0,
+            (taken - outside) as u16,
+            "the used position moved by other than the chains handed back"
+        );
+        if let (true, Some(last)) = (
+            mode.in_order,
+            next[..taken].iter().rev().find(|c| c.head < size),
+        ) {
+            // In order: one element, in the batch's first used slot, names its last
+            // chain.
+            let slot = u64::from(used_at.0 % size);
+            let mut elem = [0u8; 8];
+            m.read_slice(&mut elem, GuestAddress(ring.used + 4 + 8 * slot))
+                .unwrap();
+            assert_eq!(&elem[..4], &u32::from(last.head).to_le_bytes());
+        }
         let guard = (at + 64).min(batch.arena.len());
         assert!(
             batch.arena[at..guard].iter().all(|&b| b == 0xa5),
@@ -805,6 +831,7 @@ fn base_seeds() -> Vec<Vec<u8>> {
         indirect,
         legacy_hdr: false,
         deferred: false,
+        in_order: false,
     };
     // RX: 8 single-descriptor chains of 1000 bytes, frames spanning several (MRG).
     let descs: Vec<Desc> = (0..8)
@@ -935,6 +962,21 @@ fn base_seeds() -> Vec<Vec<u8>> {
     ];
     out.push(encode(
         all(false, false, false),
+        2,
+        6,
+        &hdr,
+        &[0],
+        &[0, 3, 4, 5, 6, 2],
+        &tx_descs,
+        &[],
+    ));
+    // The same chains in order: each batch back as one used element.
+    let in_order = Mode {
+        in_order: true,
+        ..all(false, false, false)
+    };
+    out.push(encode(
+        in_order,
         2,
         6,
         &hdr,
