@@ -305,6 +305,18 @@ impl SplitRing {
         self.next_avail -= n;
     }
 
+    /// Where the used element of position `pos` lies.
+    fn used_elem(&self, pos: Wrapping<u16>) -> u64 {
+        self.used + USED_HEADER + self.slot(pos) * USED_ELEM
+    }
+
+    /// How far the avail position is past the used one: the heads outside the
+    /// table skipped without a used entry, or a frontend's base since the ring
+    /// started (`start_at_used`).
+    pub fn gap(&self) -> u16 {
+        (self.next_avail - self.next_used).0
+    }
+
     /// Writes used element `head`/`len` at the next used slot, without publishing it.
     /// A head outside the table is not written (no used entry can name it).
     #[inline]
@@ -312,9 +324,7 @@ impl SplitRing {
         if head >= self.size {
             return false;
         }
-        let slot = self.slot(self.next_used);
-        let at = self.used + USED_HEADER + slot * USED_ELEM;
-        if !hm.store_used_elem(at, u32::from(head), len) {
+        if !hm.store_used_elem(self.used_elem(self.next_used), u32::from(head), len) {
             return false;
         }
         self.next_used += 1;
@@ -345,8 +355,7 @@ impl SplitRing {
         let Some(last) = last else {
             return skipped;
         };
-        let at = self.used + USED_HEADER + self.slot(first) * USED_ELEM;
-        if !hm.store_used_elem(at, u32::from(last), 0) {
+        if !hm.store_used_elem(self.used_elem(first), u32::from(last), 0) {
             return skipped + usize::from(taken);
         }
         self.next_used += taken;
@@ -470,7 +479,7 @@ mod tests {
 
     #[test]
     fn a_start_at_a_base_that_is_not_the_used_index_starts_at_the_used_index() {
-        let m = GuestMem::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let m = mem();
         let h = HostMem::new(&m);
         let mock = MockSplitQueue::new(&m, 16);
         let mut q: Queue = mock.create_queue().unwrap();
@@ -503,7 +512,7 @@ mod tests {
 
     #[test]
     fn an_in_order_batch_goes_back_as_one_used_element_in_its_first_slot() {
-        let m = GuestMem::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let m = mem();
         let h = HostMem::new(&m);
         let mock = MockSplitQueue::new(&m, 16);
         let mut q: Queue = mock.create_queue().unwrap();

@@ -137,7 +137,7 @@ impl Vq {
         let Vq::Split { ring, .. } = self else {
             return None;
         };
-        if (ring.next_avail - ring.next_used).0 == gap {
+        if ring.gap() == gap {
             return None;
         }
         let base = ring.start_at_used()?;
@@ -149,7 +149,7 @@ impl Vq {
     /// a used entry); `None` for a packed ring.
     pub fn split_gap(&self) -> Option<u16> {
         match self {
-            Vq::Split { ring, .. } => Some((ring.next_avail - ring.next_used).0),
+            Vq::Split { ring, .. } => Some(ring.gap()),
             Vq::Packed { .. } => None,
         }
     }
