@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::daemon::{bin, port_counter, Daemon, DaemonSpec};
+use common::daemon::{bin, port_counter, Daemon, DaemonSpec, TempSocket};
 use common::frames::{self, Flow, Ips, UdpGso};
 use common::frontend::{feat, FrontendOpts, TestFrontend, TxLayout};
 use common::rx::recv_where;
@@ -255,15 +255,14 @@ fn a_bad_or_busy_metrics_address_is_refused() {
 
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let a = taken.local_addr().unwrap().to_string();
-    let tag = common::daemon::unique_tag();
-    let sock = std::env::temp_dir().join(format!("gsonet-metrics-{tag}.sock"));
-    let ctl = std::env::temp_dir().join(format!("gsonet-metrics-{tag}-ctl.sock"));
+    let sock = TempSocket::new("metrics");
+    let ctl = TempSocket::new("metrics-ctl");
     let out = Command::new(bin())
         .arg("serve")
         .arg("--port")
         .arg(format!("socket={}", sock.display()))
         .arg("--control")
-        .arg(&ctl)
+        .arg(ctl.as_ref())
         .args(["--metrics", &a])
         .output()
         .unwrap();
@@ -292,7 +291,7 @@ fn metrics_follow_ports_added_and_removed() {
     let a = addr.to_string();
     let d = Daemon::start_with(&DaemonSpec::ports(1), &["--metrics", &a]).expect("gsonet");
     assert_eq!(scraped_ports(&scrape(addr).1), vec!["0"]);
-    let sock = std::env::temp_dir().join(format!("gsonet-m-{}.sock", common::daemon::unique_tag()));
+    let sock = TempSocket::new("m");
     let ctl = |args: &[&str]| {
         let st = Command::new(bin())
             .arg("ctl")

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::daemon::{bin, drops_total, unique_tag, Daemon, DaemonSpec};
+use common::daemon::{bin, drops_total, unique_tag, Daemon, DaemonSpec, TempSocket};
 use common::frames::{self, Flow, Ips, UdpGso};
 use common::frontend::{feat, FrontendOpts, TestFrontend, TxLayout};
 use common::rx::recv_where;
@@ -48,8 +48,8 @@ fn connect(path: &Path) -> TestFrontend {
     fe
 }
 
-fn temp_sock(what: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("gsonet-rt-{}-{what}.sock", unique_tag()))
+fn temp_sock(what: &str) -> TempSocket {
+    TempSocket::new(&format!("rt-{what}"))
 }
 
 /// (id, name) of every port in a stats report.

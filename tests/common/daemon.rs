@@ -298,6 +298,35 @@ impl Drop for Daemon {
     }
 }
 
+/// A port's socket path under the temp dir (`gsonet-TAG-UNIQUE.sock`) for a port
+/// a test adds itself; the socket and its record (`SOCKET.rings`) go when it drops.
+pub struct TempSocket(PathBuf);
+
+impl TempSocket {
+    pub fn new(tag: &str) -> Self {
+        TempSocket(std::env::temp_dir().join(format!("gsonet-{tag}-{}.sock", unique_tag())))
+    }
+}
+
+impl std::ops::Deref for TempSocket {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempSocket {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempSocket {
+    fn drop(&mut self) {
+        remove_socket(&self.0);
+    }
+}
+
 /// Removes a port's socket and the record of its packed rings beside it
 /// (`SOCKET.rings`, which a default port keeps).
 pub fn remove_socket(socket: &Path) {
