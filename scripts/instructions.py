@@ -12,7 +12,15 @@ ports' RX queues in the window (the calls of FRAME_FN). Under callgrind gsonet r
 some 50x slower, so its queues are always full and each batch as large as it gets:
 the count is the per-frame cost of a busy backend, not of one that sleeps between
 bursts. Memory stalls, which cost gsonet as much as instructions at speed, are not
-in it: the ns per frame of capacity.py remain the measure of speed."""
+in it: the ns per frame of capacity.py remain the measure of speed.
+
+With --pmd, testpmd's vhost PMD (capacity.py's reference backend: two net_vhost
+ports, io forwarding, one lcore) is counted the same way, the same frames through
+the same frontend. Its libraries have no symbol for the function that writes a
+frame, so its frames are those the frontend's two ports received in the window
+(`show port stats`, read just after the switch-on and just before the
+switch-off, so the window holds a little more than the count). gsonet's frames are
+counted both ways and printed side by side, which shows how close the two are."""
 
 from __future__ import annotations
 
@@ -29,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "guest-tests"))
 
 from harness import capacity as cap  # noqa: E402
-from harness.paths import GSONET_BIN  # noqa: E402
+from harness.paths import GSONET_BIN, TESTPMD  # noqa: E402
 
 ROWS = {"64": "64", "1518": "1518", "8k": "2048,2048,2048,2048"}
 
@@ -99,11 +107,48 @@ def annotate(dump: Path, frames: int, n: int) -> tuple[int, list[tuple[float, st
     return total, rows[:n]
 
 
-def measure(label: str, binary: str, row: str, seconds: float, bursts: int,
+def received(stats: dict[int, dict]) -> int:
+    """Frames the frontend's ports have received (``all_port_stats``)."""
+    return sum(p["rx_packets"] for p in stats.values())
+
+
+class CountedPmd(cap.DpdkBackend):
+    """The reference backend with its testpmd under callgrind, counting nothing yet.
+    (stdbuf, which starts it, execs valgrind: the process's pid is valgrind's.)"""
+
+    def __init__(self, socks: cap.Sockets, work: Path, out: Path):
+        super().__init__(socks, 1, work)
+        plain = self.tp.cmdline
+
+        def counted() -> list[str]:
+            cmd = plain()
+            i = cmd.index(TESTPMD)
+            return cmd[:i] + ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                              f"--callgrind-out-file={out}"] + cmd[i:]
+        self.tp.cmdline = counted
+
+    def start(self) -> "CountedPmd":
+        self.tp.start(timeout=300)
+        deadline = time.monotonic() + 60
+        while not (Path(self.socks.a).exists() and Path(self.socks.b).exists()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("testpmd vhost under callgrind: no sockets after 60 s")
+            time.sleep(0.1)
+        return self
+
+    def wait_connected(self) -> None:
+        self.tp.wait_link_up(2, timeout=120)
+
+
+def measure(label: str, binary: str | None, row: str, seconds: float, bursts: int,
             work: Path, top: int) -> dict:
+    """Counts one backend: gsonet ``binary``, or the vhost PMD for None."""
     socks = cap.Sockets()
     fe = cap.frontend(socks, 1, work)
-    backend = cap.GsonetBackend(label, str(wrapper(work, label, binary)), socks, 1, work)
+    if binary is None:
+        backend = CountedPmd(socks, work, work / f"{label}.callgrind")
+    else:
+        backend = cap.GsonetBackend(label, str(wrapper(work, label, binary)), socks, 1, work)
     try:
         backend.start()
         fe.start()
@@ -114,7 +159,9 @@ def measure(label: str, binary: str, row: str, seconds: float, bursts: int,
             time.sleep(2)
             callgrind_control("--zero", str(backend.pid))
             callgrind_control("--instr=on", str(backend.pid))
+            first = received(fe.all_port_stats())
             time.sleep(seconds)
+            last = received(fe.all_port_stats())
             callgrind_control("--instr=off", str(backend.pid))
             callgrind_control("--dump", str(backend.pid))
         finally:
@@ -124,12 +171,13 @@ def measure(label: str, binary: str, row: str, seconds: float, bursts: int,
         socks.close()
     dumps = sorted(work.glob(f"{label}.callgrind*"), key=lambda p: p.stat().st_size)
     dump = dumps[-1]
-    frames = frames_written(dump)
+    by_frontend = last - first
+    frames = by_frontend if binary is None else frames_written(dump)
     if frames <= 0:
-        raise RuntimeError(f"{label}: no frames written in the window ({FRAME_FN})")
+        raise RuntimeError(f"{label}: no frames forwarded in the window")
     total, funcs = annotate(dump, frames, top)
-    return {"label": label, "row": row, "frames": frames, "per_frame": total / frames,
-            "top": funcs}
+    return {"label": label, "row": row, "frames": frames, "by_frontend": by_frontend,
+            "per_frame": total / frames, "top": funcs}
 
 
 def main() -> int:
@@ -145,6 +193,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=8.0, help="counted window per build")
     ap.add_argument("--bursts", type=int, default=8,
                     help="bursts of 32 frames per port in flight (start tx_first N)")
+    ap.add_argument("--pmd", action="store_true",
+                    help="count testpmd's vhost PMD too, the reference backend")
     ap.add_argument("--top", type=int, default=12, help="functions listed per build")
     ap.add_argument("--keep", metavar="DIR",
                     help="keep the callgrind files in DIR (for callgrind_annotate "
@@ -161,6 +211,8 @@ def main() -> int:
         if not Path(path).is_file():
             sys.exit(f"instructions.py: no gsonet binary at {path}")
         builds.append((label or Path(path).name, path))
+    if args.pmd:
+        builds.append(("pmd", None))
     rows = [r for r in args.rows.split(",") if r]
     if bad := [r for r in rows if r not in ROWS]:
         sys.exit(f"instructions.py: unknown rows {bad}; choose from {','.join(ROWS)}")
@@ -181,7 +233,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     for r in results:
         print(f"\n{r['label']}: {r['per_frame']:,.0f} instructions per frame "
-              f"({r['frames']:,} frames)")
+              f"({r['frames']:,} frames; the frontend received {r['by_frontend']:,})")
         for per, name in r["top"]:
             print(f"  {per:8.0f}  {name[:110]}")
     return 0
