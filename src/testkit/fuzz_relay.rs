@@ -78,6 +78,7 @@ fn needs(request: u32) -> Option<u64> {
         }
         req::SET_LOG_BASE | req::SET_LOG_FD => Some(proto::LOG_SHMFD),
         req::SEND_RARP => Some(proto::RARP),
+        req::SET_STATUS | req::GET_STATUS => Some(proto::STATUS),
         _ => None,
     }
 }
@@ -306,12 +307,22 @@ pub fn fuzz_one(data: &[u8]) {
             Verdict::MaxMemSlots => {
                 assert_eq!((request, fds), (req::GET_MAX_MEM_SLOTS, 0))
             }
+            Verdict::SetStatus(status) => {
+                assert_eq!((request, fds), (req::SET_STATUS, 0));
+                assert_eq!(u64_at(&payload, 0), u64::from(status));
+                assert_ne!(fw.acked_protocol() & proto::STATUS, 0);
+            }
+            Verdict::GetStatus => {
+                assert_eq!((request, fds, payload.len()), (req::GET_STATUS, 0, 0));
+                assert_ne!(fw.acked_protocol() & proto::STATUS, 0);
+            }
         }
     }
 }
 
 /// A session as QEMU starts it, an ADD_MEM_REG flood with CONFIGURE_MEM_SLOTS offered,
-/// ring indexes past the queues, a reply flag, and unknown requests.
+/// ring indexes past the queues, a reply flag, unknown requests, and device status
+/// requests with and without STATUS offered.
 pub fn seeds() -> Vec<Vec<u8>> {
     let offer = proto::MQ | proto::REPLY_ACK;
     let all = u64::MAX.to_le_bytes();
@@ -400,7 +411,21 @@ pub fn seeds() -> Vec<Vec<u8>> {
         m(99, &[1, 2, 3], 2),
         m(req::SET_MEM_TABLE, &table, 0),
     ];
+    // Status as virtio_user and QEMU set it, a value past a byte, and status
+    // requests where STATUS is not offered (the same session below).
+    let status = [
+        m(req::SET_PROTOCOL_FEATURES, &all, 0),
+        m(req::GET_STATUS, &[], 0),
+        m(req::SET_STATUS, &0xbu64.to_le_bytes(), 0),
+        m(req::SET_STATUS, &0x8u64.to_le_bytes(), 0),
+        m(req::SET_STATUS, &0x10fu64.to_le_bytes(), 0),
+        m(req::GET_STATUS, &0u64.to_le_bytes(), 0),
+        m(req::SET_STATUS, &0xfu64.to_le_bytes(), 1),
+        m(req::SET_STATUS, &0u64.to_le_bytes(), 0),
+    ];
     vec![
+        encode(2, offer | proto::STATUS, &status),
+        encode(2, offer, &status),
         encode(2, offer, &qemu),
         encode(32, u64::MAX, &flood),
         encode(1, offer, &hostile),

@@ -54,12 +54,15 @@ const OWED_LOOKS: u32 = 16;
 /// refuses every request these do not permit. LOG_SHMFD (SET_LOG_BASE) and RARP
 /// (SEND_RARP, answered by the relay) are what a live migration needs;
 /// CONFIGURE_MEM_SLOTS (ADD/REM_MEM_REG, GET_MAX_MEM_SLOTS answered by the relay)
-/// what memory hotplug and virtio-mem need.
+/// what memory hotplug and virtio-mem need. STATUS (SET/GET_STATUS, answered by the
+/// relay) tells a driver that sets the device up afresh, rings and all, from a
+/// frontend that resumes its rings (`resume`).
 pub const PROTOCOL_FEATURES: VhostUserProtocolFeatures = VhostUserProtocolFeatures::MQ
     .union(VhostUserProtocolFeatures::REPLY_ACK)
     .union(VhostUserProtocolFeatures::LOG_SHMFD)
     .union(VhostUserProtocolFeatures::RARP)
-    .union(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS);
+    .union(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+    .union(VhostUserProtocolFeatures::STATUS);
 
 /// Listener id of the start-up event, past the queue and exit ids.
 fn hello_id(queue_pairs: usize) -> u64 {

@@ -39,6 +39,8 @@ pub mod req {
     pub const GET_MAX_MEM_SLOTS: u32 = 36;
     pub const ADD_MEM_REG: u32 = 37;
     pub const REM_MEM_REG: u32 = 38;
+    pub const SET_STATUS: u32 = 39;
+    pub const GET_STATUS: u32 = 40;
 }
 
 /// Protocol feature bits the rules below depend on.
@@ -48,6 +50,7 @@ pub mod proto {
     pub const RARP: u64 = 1 << 2;
     pub const REPLY_ACK: u64 = 1 << 3;
     pub const CONFIGURE_MEM_SLOTS: u64 = 1 << 15;
+    pub const STATUS: u64 = 1 << 16;
 }
 
 /// Regions one SET_MEM_TABLE may carry: VHOST_MEMORY_BASELINE_NREGIONS, the most QEMU
@@ -195,6 +198,12 @@ pub enum Verdict {
     /// GET_MAX_MEM_SLOTS: the vhost crate would answer its own 509; the relay
     /// answers MAX_MEM_SLOTS, the bound ADD_MEM_REG is held to.
     MaxMemSlots,
+    /// SET_STATUS (the vhost crate does not know it): the virtio device status the
+    /// driver set. The relay keeps it for GET_STATUS and tells the ring resumer
+    /// (`resume`), and answers the request itself.
+    SetStatus(u8),
+    /// GET_STATUS: the relay answers the status last set on this connection.
+    GetStatus,
 }
 
 #[derive(Clone, Copy)]
@@ -250,6 +259,9 @@ fn rule(request: u32) -> Option<Rule> {
         // Padding, then one region.
         req::ADD_MEM_REG => r(E(8 + REGION), F::One, proto::CONFIGURE_MEM_SLOTS),
         req::REM_MEM_REG => r(E(8 + REGION), F::None, proto::CONFIGURE_MEM_SLOTS),
+        // The status byte in a u64; GET_STATUS is answered with one.
+        req::SET_STATUS => r(E(8), F::None, proto::STATUS),
+        req::GET_STATUS => r(E(0), F::None, proto::STATUS),
         _ => None,
     }
 }
@@ -511,6 +523,13 @@ impl Firewall {
                 }
                 verdict = Some(Verdict::Rarp(mac));
             }
+            req::SET_STATUS => {
+                let v = u64_at(payload, 0);
+                let status = u8::try_from(v)
+                    .map_err(|_| bad_payload(format!("SET_STATUS {v:#x}, not a status byte")))?;
+                verdict = Some(Verdict::SetStatus(status));
+            }
+            req::GET_STATUS => verdict = Some(Verdict::GetStatus),
             _ => {}
         }
         if fds != expect_fds {
@@ -970,6 +989,46 @@ pub(super) mod tests {
         assert_eq!(fw.regions(), MAX_MEM_SLOTS);
         assert_eq!(
             admit(&mut fw, req::ADD_MEM_REG, add(1), 0),
+            Err(DropReason::FrontendBadPayload)
+        );
+    }
+
+    #[test]
+    fn status_requests_need_status_acked_and_carry_a_status_byte() {
+        let mut fw = Firewall::new(Policy {
+            protocol_features: POLICY.protocol_features | proto::STATUS,
+            ..POLICY
+        });
+        let status = |v: u64| v.to_le_bytes().to_vec();
+        assert_eq!(
+            admit(&mut fw, req::SET_STATUS, status(0xb), 0),
+            Err(DropReason::FrontendRequestRefused)
+        );
+        assert_eq!(
+            admit(&mut fw, req::GET_STATUS, vec![], 0),
+            Err(DropReason::FrontendRequestRefused)
+        );
+        let mut ack = proto::STATUS.to_le_bytes().to_vec();
+        fw.admit(&h(req::SET_PROTOCOL_FEATURES, 8), &mut ack, 0)
+            .unwrap();
+        assert_eq!(
+            admit(&mut fw, req::SET_STATUS, status(0xb), 0),
+            Ok(Verdict::SetStatus(0xb))
+        );
+        assert_eq!(
+            admit(&mut fw, req::SET_STATUS, status(0x10b), 0),
+            Err(DropReason::FrontendBadPayload)
+        );
+        assert_eq!(
+            admit(&mut fw, req::SET_STATUS, status(0xb), 1),
+            Err(DropReason::FrontendBadFds)
+        );
+        assert_eq!(
+            admit(&mut fw, req::GET_STATUS, vec![], 0),
+            Ok(Verdict::GetStatus)
+        );
+        assert_eq!(
+            admit(&mut fw, req::GET_STATUS, status(0), 0),
             Err(DropReason::FrontendBadPayload)
         );
     }

@@ -220,6 +220,8 @@ fn inbound(
 ) -> End {
     let name = port.name();
     let mut resumer = Resumer::default();
+    // The device status the driver last set (SET_STATUS), for GET_STATUS.
+    let mut status = 0u8;
     loop {
         let (hdr, fds) = match recv_header(front, MAX_FDS) {
             Ok(Some(m)) => m,
@@ -258,6 +260,22 @@ fn inbound(
             Ok(Verdict::MaxMemSlots) => {
                 let w = front_w.lock().unwrap_or_else(|e| e.into_inner());
                 if send(&w, &reply_u64(&hdr, MAX_MEM_SLOTS as u64)).is_err() {
+                    return End::Closed;
+                }
+                continue;
+            }
+            Ok(Verdict::SetStatus(s)) => {
+                debug!(port = %name, status = format_args!("{s:#x}"), "device status set");
+                status = s;
+                resumer.device_status(s);
+                if !answer(front_w, &hdr, fw) {
+                    return End::Closed;
+                }
+                continue;
+            }
+            Ok(Verdict::GetStatus) => {
+                let w = front_w.lock().unwrap_or_else(|e| e.into_inner());
+                if send(&w, &reply_u64(&hdr, u64::from(status))).is_err() {
                     return End::Closed;
                 }
                 continue;
@@ -845,6 +863,7 @@ mod tests {
 
     const LOG_SHMFD: u64 = 1 << 1;
     const RARP: u64 = 1 << 2;
+    const STATUS: u64 = 1 << 16;
 
     fn log(size: u64, offset: u64) -> Vec<u8> {
         [size.to_le_bytes(), offset.to_le_bytes()].concat()
@@ -910,6 +929,41 @@ mod tests {
             recv_reply(handler).unwrap().unwrap().payload,
             acked.to_le_bytes()
         );
+    }
+
+    #[test]
+    fn the_device_status_is_kept_and_answered_here() {
+        let p = port("");
+        let (mut qemu, mut handler) = relay(p.clone());
+        ack_protocol(&qemu, &mut handler, REPLY_ACK | STATUS);
+        let need = FLAG_VERSION | 0x8;
+        let get = |qemu: &mut UnixStream| {
+            send(qemu, &msg(req::GET_STATUS, FLAG_VERSION, &[], vec![])).unwrap();
+            let got = recv_reply(qemu).unwrap().unwrap();
+            assert_eq!(got.hdr.request, req::GET_STATUS);
+            u64::from_le_bytes(got.payload.try_into().unwrap())
+        };
+        assert_eq!(get(&mut qemu), 0);
+        for status in [0xb_u64, 0xf, 0] {
+            send(
+                &qemu,
+                &msg(req::SET_STATUS, need, &status.to_le_bytes(), vec![]),
+            )
+            .unwrap();
+            let got = recv_reply(&mut qemu).unwrap().unwrap();
+            assert_eq!(
+                (got.hdr.request, got.payload),
+                (req::SET_STATUS, vec![0; 8])
+            );
+            assert_eq!(get(&mut qemu), status);
+        }
+        // Never shown to the crate: the next request it sees is the next one sent.
+        send(&qemu, &msg(req::GET_FEATURES, FLAG_VERSION, &[], vec![])).unwrap();
+        assert_eq!(
+            recv_reply(&mut handler).unwrap().unwrap().hdr.request,
+            req::GET_FEATURES
+        );
+        assert_eq!(p.stats.snapshot().drops.len(), 0);
     }
 
     #[test]

@@ -12,6 +12,17 @@
 //! this frontend (the same memory files), ring size and stale base. Otherwise the
 //! frontend's base stands. Either way the record starts the ring from there; a
 //! GET_VRING_BASE reply marks it read back (the frontend then knows the position).
+//!
+//! A driver that sets the device up afresh sets up new rings too (virtio 1.2, 3.1.1:
+//! ACKNOWLEDGE, DRIVER, FEATURES_OK, then its virtqueues, then DRIVER_OK), and its
+//! base is that of the new rings. DPDK's virtio_user resets its packed rings on a
+//! reconnect in server mode and sends the same stale-looking base QEMU does, but with
+//! VHOST_USER_PROTOCOL_F_STATUS it passes its driver's status on: ACKNOWLEDGE, DRIVER
+//! and FEATURES_OK without DRIVER_OK (0xb) before the rings. So that status, until
+//! the next, makes the frontend's base stand. QEMU 10 reports the vhost device's
+//! progress instead: FEATURES_OK alone at SET_FEATURES (0x8, what GET_STATUS said
+//! or'ed with it), ACKNOWLEDGE, DRIVER and DRIVER_OK once the rings run (0xf); its
+//! rings after a restart of gsonet are the guest's live ones and are resumed.
 
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -33,7 +44,16 @@ pub struct Resumer {
     mem: Option<u64>,
     /// Each ring's size, from SET_VRING_NUM.
     sizes: Vec<u16>,
+    /// The driver is setting the device up (its last SET_STATUS: ACKNOWLEDGE,
+    /// DRIVER and FEATURES_OK, not DRIVER_OK): the rings it starts now are new ones.
+    setting_up: bool,
 }
+
+/// VIRTIO_CONFIG_S_ACKNOWLEDGE, _DRIVER, _DRIVER_OK and _FEATURES_OK.
+const ACKNOWLEDGE: u8 = 1;
+const DRIVER: u8 = 2;
+const DRIVER_OK: u8 = 4;
+const FEATURES_OK: u8 = 8;
 
 /// A vhost_vring_state payload: (index, num).
 fn vring_state(payload: &[u8]) -> Option<(usize, u32)> {
@@ -43,6 +63,12 @@ fn vring_state(payload: &[u8]) -> Option<(usize, u32)> {
 }
 
 impl Resumer {
+    /// Takes note of the device status the driver set (SET_STATUS).
+    pub fn device_status(&mut self, status: u8) {
+        let steps = ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK;
+        self.setting_up = status & steps == ACKNOWLEDGE | DRIVER | FEATURES_OK;
+    }
+
     /// Looks at a request of the frontend's on its way to the vhost crate (checked
     /// by the firewall); a packed ring's SET_VRING_BASE may leave with another base.
     pub fn inbound(&mut self, port: &Port, hdr: &Header, payload: &mut [u8], fds: &[OwnedFd]) {
@@ -84,7 +110,12 @@ impl Resumer {
                     qemu_base: base,
                 };
                 let given = Pos::from_base(base as u16, size.max(1));
-                let at = match rec.resume(q, owner) {
+                let resumed = if self.setting_up {
+                    None
+                } else {
+                    rec.resume(q, owner)
+                };
+                let at = match resumed {
                     Some(r) => {
                         let mem = port.memory();
                         let at = r.resolve(mem.as_deref().map(HostMem::new).as_ref());
@@ -118,5 +149,77 @@ pub fn outbound(port: &Port, hdr: &Header, payload: &[u8]) {
     }
     if let (Some(rec), Some((q, _))) = (port.rings.as_ref(), vring_state(payload)) {
         rec.handed_back(q);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::vhost::firewall::FLAG_VERSION;
+    use crate::config::PortConfig;
+
+    const WRAP: u32 = 0x8000;
+
+    fn request(r: &mut Resumer, port: &Port, request: u32, payload: &mut [u8]) {
+        let hdr = Header {
+            request,
+            flags: FLAG_VERSION,
+            size: payload.len() as u32,
+        };
+        r.inbound(port, &hdr, payload, &[]);
+    }
+
+    /// A connection's start up to ring 0's SET_VRING_BASE of `base` (after
+    /// SET_STATUS `status`, if any); the base the vhost crate is handed.
+    fn start(port: &Port, status: Option<u8>, base: u32) -> u32 {
+        let mut r = Resumer::default();
+        request(
+            &mut r,
+            port,
+            req::SET_FEATURES,
+            &mut RING_PACKED.to_le_bytes(),
+        );
+        if let Some(s) = status {
+            r.device_status(s);
+        }
+        let mut num = [0u32.to_le_bytes(), 8u32.to_le_bytes()].concat();
+        request(&mut r, port, req::SET_VRING_NUM, &mut num);
+        let mut state = [0u32.to_le_bytes(), base.to_le_bytes()].concat();
+        request(&mut r, port, req::SET_VRING_BASE, &mut state);
+        u32::from_le_bytes(state[4..8].try_into().unwrap())
+    }
+
+    #[test]
+    fn a_driver_setting_the_device_up_starts_its_rings_at_its_own_base() {
+        let sock = std::env::temp_dir().join(format!("gsonet-resume-{}.sock", std::process::id()));
+        let cfg = PortConfig::parse(&format!("socket={},packed=on", sock.display())).unwrap();
+        let port = Port::new(0, cfg).unwrap();
+        let rec = port.rings.clone().expect("a record beside the socket");
+        // The first connection starts ring 0 at the frontend's base; the ring then
+        // publishes up to 3 and gsonet goes away without GET_VRING_BASE.
+        assert_eq!(start(&port, None, WRAP) & 0xffff, WRAP);
+        let to = Pos { idx: 3, wrap: true };
+        let slot = rec.slot_of(0).unwrap();
+        slot.begin(0x1000, Pos::START, to);
+        slot.commit(to);
+        // A frontend that sends the base of the ring's last start again (QEMU) is
+        // resumed where the record has it.
+        let resumed = u32::from(to.to_base());
+        assert_eq!(start(&port, None, WRAP), resumed | resumed << 16);
+        // One whose driver sets the device up first (FEATURES_OK, not DRIVER_OK, as
+        // virtio_user after resetting its rings) starts at its own base, and the
+        // record starts again from there.
+        assert_eq!(start(&port, Some(0xb), WRAP), WRAP);
+        assert_eq!(start(&port, None, WRAP) & 0xffff, WRAP);
+        // QEMU's FEATURES_OK alone, and a status with DRIVER_OK, are no setting up.
+        for status in [0x8, 0xf] {
+            slot.begin(0x1000, Pos::START, to);
+            slot.commit(to);
+            assert_eq!(start(&port, Some(status), WRAP), resumed | resumed << 16);
+        }
+        drop((slot, rec, port));
+        let mut record = sock.into_os_string();
+        record.push(".rings");
+        std::fs::remove_file(record).unwrap();
     }
 }
