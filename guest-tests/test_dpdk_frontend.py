@@ -554,7 +554,6 @@ def test_frontend_kill_and_reattach(dpdk_env, tmp_path, record_measurement):
     assert not _bad_drops(port, up), (port, up)
 
 
-@pytest.mark.full
 @pytest.mark.parametrize("ring", ["split", "packed"])
 def test_gsonet_restart_under_server_mode_virtio_user(dpdk_env, tmp_path, record_measurement,
                                                       ring):
