@@ -16,6 +16,10 @@
 //! Live migration: SET_LOG_BASE goes on to the crate (which maps the log) once its
 //! file is checked like a memory file; SEND_RARP and SET_LOG_FD, which the crate does
 //! not know, are answered here (`announce` sends the RARP).
+//!
+//! The device status (VHOST_USER_PROTOCOL_F_STATUS), which the crate does not know
+//! either: SET_STATUS is kept and answered here, GET_STATUS answered with it, and the
+//! ring resumer is told (`resume`: a driver setting the device up starts new rings).
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
