@@ -294,13 +294,16 @@ class DpdkBackend:
     def cmdline(self) -> list[str]:
         return self.tp.cmdline()
 
-    def start(self) -> "DpdkBackend":
-        self.tp.start()
+    def start(self, timeout: float = 60.0, sockets_within: float = 15.0) -> "DpdkBackend":
+        """Starts testpmd (its prompt within ``timeout`` s) and waits for both
+        sockets (``sockets_within`` s more)."""
+        self.tp.start(timeout=timeout)
         prioritise(self.pid)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + sockets_within
         while not (os.path.exists(self.socks.a) and os.path.exists(self.socks.b)):
             if time.monotonic() > deadline:
-                raise HarnessError("testpmd vhost: sockets not created after 15 s")
+                raise HarnessError(f"testpmd vhost: sockets not created after "
+                                   f"{sockets_within:g} s")
             time.sleep(0.05)
         return self
 

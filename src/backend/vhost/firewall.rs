@@ -951,13 +951,7 @@ pub(super) mod tests {
 
     #[test]
     fn added_regions_are_capped_where_mem_slots_are_offered() {
-        let mut fw = Firewall::new(Policy {
-            protocol_features: POLICY.protocol_features | proto::CONFIGURE_MEM_SLOTS,
-            ..POLICY
-        });
-        let mut ack = proto::CONFIGURE_MEM_SLOTS.to_le_bytes().to_vec();
-        fw.admit(&h(req::SET_PROTOCOL_FEATURES, 8), &mut ack, 0)
-            .unwrap();
+        let mut fw = slots();
         assert_eq!(
             admit(&mut fw, req::GET_MAX_MEM_SLOTS, vec![], 0),
             Ok(Verdict::MaxMemSlots)
@@ -995,10 +989,7 @@ pub(super) mod tests {
 
     #[test]
     fn status_requests_need_status_acked_and_carry_a_status_byte() {
-        let mut fw = Firewall::new(Policy {
-            protocol_features: POLICY.protocol_features | proto::STATUS,
-            ..POLICY
-        });
+        let mut fw = offering(proto::STATUS);
         let status = |v: u64| v.to_le_bytes().to_vec();
         assert_eq!(
             admit(&mut fw, req::SET_STATUS, status(0xb), 0),
@@ -1008,9 +999,7 @@ pub(super) mod tests {
             admit(&mut fw, req::GET_STATUS, vec![], 0),
             Err(DropReason::FrontendRequestRefused)
         );
-        let mut ack = proto::STATUS.to_le_bytes().to_vec();
-        fw.admit(&h(req::SET_PROTOCOL_FEATURES, 8), &mut ack, 0)
-            .unwrap();
+        ack(&mut fw, proto::STATUS);
         assert_eq!(
             admit(&mut fw, req::SET_STATUS, status(0xb), 0),
             Ok(Verdict::SetStatus(0xb))
@@ -1033,15 +1022,25 @@ pub(super) mod tests {
         );
     }
 
-    /// A firewall with CONFIGURE_MEM_SLOTS acked.
-    fn slots() -> Firewall {
-        let mut fw = Firewall::new(Policy {
-            protocol_features: POLICY.protocol_features | proto::CONFIGURE_MEM_SLOTS,
+    /// A firewall whose policy offers `extra` too, not acked yet.
+    fn offering(extra: u64) -> Firewall {
+        Firewall::new(Policy {
+            protocol_features: POLICY.protocol_features | extra,
             ..POLICY
-        });
-        let mut ack = proto::CONFIGURE_MEM_SLOTS.to_le_bytes().to_vec();
+        })
+    }
+
+    /// The frontend acks protocol features `bits`.
+    fn ack(fw: &mut Firewall, bits: u64) {
+        let mut ack = bits.to_le_bytes().to_vec();
         fw.admit(&h(req::SET_PROTOCOL_FEATURES, 8), &mut ack, 0)
             .unwrap();
+    }
+
+    /// A firewall with CONFIGURE_MEM_SLOTS acked.
+    fn slots() -> Firewall {
+        let mut fw = offering(proto::CONFIGURE_MEM_SLOTS);
+        ack(&mut fw, proto::CONFIGURE_MEM_SLOTS);
         fw
     }
 

@@ -262,8 +262,7 @@ fn inbound(
                 continue;
             }
             Ok(Verdict::MaxMemSlots) => {
-                let w = front_w.lock().unwrap_or_else(|e| e.into_inner());
-                if send(&w, &reply_u64(&hdr, MAX_MEM_SLOTS as u64)).is_err() {
+                if !answer_u64(front_w, &hdr, MAX_MEM_SLOTS as u64) {
                     return End::Closed;
                 }
                 continue;
@@ -278,8 +277,7 @@ fn inbound(
                 continue;
             }
             Ok(Verdict::GetStatus) => {
-                let w = front_w.lock().unwrap_or_else(|e| e.into_inner());
-                if send(&w, &reply_u64(&hdr, u64::from(status))).is_err() {
+                if !answer_u64(front_w, &hdr, u64::from(status)) {
                     return End::Closed;
                 }
                 continue;
@@ -403,6 +401,13 @@ fn answer(front_w: &Mutex<UnixStream>, hdr: &Header, fw: &Firewall) -> bool {
     }
     let w = front_w.lock().unwrap_or_else(|e| e.into_inner());
     send(&w, &ack(hdr)).is_ok()
+}
+
+/// Answers a request the relay handled itself with `v` (GET_MAX_MEM_SLOTS,
+/// GET_STATUS); false if the frontend's socket failed.
+fn answer_u64(front_w: &Mutex<UnixStream>, hdr: &Header, v: u64) -> bool {
+    let w = front_w.lock().unwrap_or_else(|e| e.into_inner());
+    send(&w, &reply_u64(hdr, v)).is_ok()
 }
 
 /// GET_VRING_BASE's reply for a packed ring: the vhost crate replies the queue's
