@@ -18,8 +18,8 @@
 //! not know, are answered here (`announce` sends the RARP).
 //!
 //! The device status (VHOST_USER_PROTOCOL_F_STATUS), which the crate does not know
-//! either: SET_STATUS is kept and answered here, GET_STATUS answered with it, and the
-//! ring resumer is told (`resume`: a driver setting the device up starts new rings).
+//! either: SET_STATUS is answered here and kept by the ring resumer (`resume`: a
+//! driver setting the device up starts new rings), GET_STATUS answered with it.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -224,8 +224,6 @@ fn inbound(
 ) -> End {
     let name = port.name();
     let mut resumer = Resumer::default();
-    // The device status the driver last set (SET_STATUS), for GET_STATUS.
-    let mut status = 0u8;
     loop {
         let (hdr, fds) = match recv_header(front, MAX_FDS) {
             Ok(Some(m)) => m,
@@ -269,7 +267,6 @@ fn inbound(
             }
             Ok(Verdict::SetStatus(s)) => {
                 debug!(port = %name, status = format_args!("{s:#x}"), "device status set");
-                status = s;
                 resumer.device_status(s);
                 if !answer(front_w, &hdr, fw) {
                     return End::Closed;
@@ -277,7 +274,7 @@ fn inbound(
                 continue;
             }
             Ok(Verdict::GetStatus) => {
-                if !answer_u64(front_w, &hdr, u64::from(status)) {
+                if !answer_u64(front_w, &hdr, u64::from(resumer.status())) {
                     return End::Closed;
                 }
                 continue;

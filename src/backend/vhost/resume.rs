@@ -44,9 +44,8 @@ pub struct Resumer {
     mem: Option<u64>,
     /// Each ring's size, from SET_VRING_NUM.
     sizes: Vec<u16>,
-    /// The driver is setting the device up (its last SET_STATUS: ACKNOWLEDGE,
-    /// DRIVER and FEATURES_OK, not DRIVER_OK): the rings it starts now are new ones.
-    setting_up: bool,
+    /// The device status the driver last set (SET_STATUS; GET_STATUS answers it).
+    status: u8,
 }
 
 /// VIRTIO_CONFIG_S_ACKNOWLEDGE, _DRIVER, _DRIVER_OK and _FEATURES_OK.
@@ -65,8 +64,19 @@ fn vring_state(payload: &[u8]) -> Option<(usize, u32)> {
 impl Resumer {
     /// Takes note of the device status the driver set (SET_STATUS).
     pub fn device_status(&mut self, status: u8) {
+        self.status = status;
+    }
+
+    /// The device status the driver last set on this connection (0 before any).
+    pub fn status(&self) -> u8 {
+        self.status
+    }
+
+    /// The driver is setting the device up (its last status: ACKNOWLEDGE, DRIVER
+    /// and FEATURES_OK, not DRIVER_OK): the rings it starts now are new ones.
+    fn setting_up(&self) -> bool {
         let steps = ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK;
-        self.setting_up = status & steps == ACKNOWLEDGE | DRIVER | FEATURES_OK;
+        self.status & steps == ACKNOWLEDGE | DRIVER | FEATURES_OK
     }
 
     /// Looks at a request of the frontend's on its way to the vhost crate (checked
@@ -110,7 +120,7 @@ impl Resumer {
                     qemu_base: base,
                 };
                 let given = Pos::from_base(base as u16, size.max(1));
-                let resumed = if self.setting_up {
+                let resumed = if self.setting_up() {
                     None
                 } else {
                     rec.resume(q, owner)
@@ -206,9 +216,9 @@ mod tests {
         // resumed where the record has it.
         let resumed = u32::from(to.to_base());
         assert_eq!(start(&port, None, WRAP), resumed | resumed << 16);
-        // One whose driver sets the device up first (FEATURES_OK, not DRIVER_OK, as
-        // virtio_user after resetting its rings) starts at its own base, and the
-        // record starts again from there.
+        // One whose driver sets the device up first (ACKNOWLEDGE, DRIVER and
+        // FEATURES_OK, not DRIVER_OK, as virtio_user after resetting its rings)
+        // starts at its own base, and the record starts again from there.
         assert_eq!(start(&port, Some(0xb), WRAP), WRAP);
         assert_eq!(start(&port, None, WRAP) & 0xffff, WRAP);
         // QEMU's FEATURES_OK alone, and a status with DRIVER_OK, are no setting up.
