@@ -101,10 +101,12 @@ bench: setup build
 # Capacity with fast frontends instead of TCG guests: one dpdk-testpmd (two
 # net_virtio_user ports) on CPU 0 loops frames through gsonet on CPU 1, next to
 # testpmd's vhost PMD; 64 B, 1518 B, 8 KB, 64 KB TSO (examples/tso_loadgen.rs), 2 queues,
-# idle CPU. CAPACITY_ROUNDS, CAPACITY_SECONDS (2 x 8 s); results/capacity-<timestamp>/.
+# idle CPU. CAPACITY_ROUNDS, CAPACITY_SECONDS (2 x 8 s); CAPACITY_HUGEPAGES=1 puts both
+# testpmds on 2 MiB pages (1100 free, hugetlbfs mounted); results/capacity-<timestamp>/.
 # dpdk-testpmd comes from `make setup`. Without tso_loadgen the 64 KB row says "not built".
 CAPACITY_ARGS ?= $(if $(CAPACITY_ROUNDS),--rounds $(CAPACITY_ROUNDS)) \
-	$(if $(CAPACITY_SECONDS),--seconds $(CAPACITY_SECONDS))
+	$(if $(CAPACITY_SECONDS),--seconds $(CAPACITY_SECONDS)) \
+	$(if $(CAPACITY_HUGEPAGES),--hugepages)
 capacity: build
 	-$(CARGO) build --release --example tso_loadgen
 	$(SUDO) python3 scripts/capacity.py $(CAPACITY_ARGS)

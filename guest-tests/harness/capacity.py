@@ -84,7 +84,7 @@ class PinnedTestPmd(TestPmd):
 
     def __init__(self, name: str, vdevs: list[str], args: list[str] | None = None, *,
                  cpu: int, log_dir: Path | str | None = None):
-        super().__init__(name, vdevs, args, log_dir=log_dir)
+        super().__init__(name, vdevs, args, log_dir=log_dir, hugepages=HUGEPAGES)
         self.cpu = cpu
         self.lcores = f"0@{cpu},1@{cpu}"
 
@@ -324,6 +324,29 @@ class DpdkBackend:
 
     def stop(self) -> None:
         self.tp.stop()
+
+
+# The frontend's and the reference PMD's memory on hugepages (2 MiB pages, as DPDK
+# deployments and hugepage-backed guests run) instead of 4 KiB pages.
+HUGEPAGES = False
+# Free 2 MiB pages both testpmds need (-m 1024 each, and some to spare).
+HUGEPAGES_NEEDED = 1100
+
+
+def hugepages_missing() -> str | None:
+    """Why testpmd cannot run on hugepages here, or None."""
+    free = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("HugePages_Free:"):
+            free = int(line.split()[1])
+    mounted = any(f.split()[2] == "hugetlbfs"
+                  for f in Path("/proc/mounts").read_text().splitlines() if f.strip())
+    if free < HUGEPAGES_NEEDED or not mounted:
+        return (f"--hugepages needs {HUGEPAGES_NEEDED} free 2 MiB pages on a mounted "
+                f"hugetlbfs (free: {free}, hugetlbfs mounted: {'yes' if mounted else 'no'}):"
+                f" echo {HUGEPAGES_NEEDED} > /proc/sys/vm/nr_hugepages; mkdir -p "
+                f"/dev/hugepages; mount -t hugetlbfs nodev /dev/hugepages")
+    return None
 
 
 # More virtio_user devargs for the testpmd frontend's ports (``packed_vq=1``: it

@@ -20,7 +20,7 @@ START_ERRORS = ("Fail to configure port", "Start ports failed", "Failed to", "EA
 
 
 class TestPmd:
-    """One ``dpdk-testpmd --no-huge`` on two lcores with the given ``--vdev``s and
+    """One ``dpdk-testpmd --no-huge`` (or on hugepages) on two lcores with the given ``--vdev``s and
     application ``args`` after ``-- -i`` (context manager). Its stdin stays open (the
     prompt exits on EOF); ``cmd(line)`` runs one prompt command, ``stop()`` quits.
 
@@ -32,8 +32,11 @@ class TestPmd:
     __test__ = False  # not a pytest class
 
     def __init__(self, name: str, vdevs: list[str], args: list[str] | None = None, *,
-                 log_dir: Path | str | None = None):
+                 log_dir: Path | str | None = None, hugepages: bool = False):
         self.name = name
+        # Memory from hugetlbfs (one file per segment list, so that a vhost-user
+        # frontend sends few regions) instead of --no-huge's 4 KiB pages.
+        self.hugepages = hugepages
         self.vdevs = list(vdevs)
         self.args = list(args or [])
         self.prefix = unique_name("tp" + name)
@@ -42,7 +45,8 @@ class TestPmd:
         self.out: Output | None = None
 
     def cmdline(self) -> list[str]:
-        cmd = ["stdbuf", "-oL", TESTPMD, "--no-huge", "-m", "1024", "--no-pci", "-l", "0-1",
+        memory = ["--in-memory", "--single-file-segments"] if self.hugepages else ["--no-huge"]
+        cmd = ["stdbuf", "-oL", TESTPMD, *memory, "-m", "1024", "--no-pci", "-l", "0-1",
                "--file-prefix", self.prefix, "--log-level", "*:notice"]
         for v in self.vdevs:
             cmd += ["--vdev", v]
