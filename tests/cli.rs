@@ -163,6 +163,45 @@ fn a_socket_in_use_is_refused_and_a_stale_one_reclaimed() {
 }
 
 #[test]
+fn a_failed_start_up_leaves_no_socket_and_no_record_it_made() {
+    // The metrics address is taken, which fails start-up after the ports' sockets
+    // and records are made.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (fresh, old) = (tmp("fresh.sock"), tmp("old.sock"));
+    let (fresh_rec, old_rec) = (format!("{fresh}.rings"), format!("{old}.rings"));
+    for p in [&fresh, &old, &fresh_rec, &old_rec] {
+        let _ = std::fs::remove_file(p);
+    }
+    // A record a previous gsonet left: it holds that gsonet's rings, and stays.
+    std::fs::write(&old_rec, b"").unwrap();
+    let o = gsonet(&[
+        "serve",
+        "--port",
+        &format!("socket={fresh}"),
+        "--port",
+        &format!("socket={old}"),
+        "--control",
+        &tmp("failed-ctl.sock"),
+        "--metrics",
+        &addr,
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("metrics address"), "{}", stderr(&o));
+    for gone in [&fresh, &old, &fresh_rec, &tmp("failed-ctl.sock")] {
+        assert!(
+            std::fs::symlink_metadata(gone).is_err(),
+            "{gone} left behind"
+        );
+    }
+    assert!(
+        std::fs::symlink_metadata(&old_rec).is_ok(),
+        "{old_rec} removed"
+    );
+    let _ = std::fs::remove_file(&old_rec);
+}
+
+#[test]
 fn stats_without_a_daemon_says_so() {
     let o = gsonet(&["stats", "--control", &tmp("nobody.sock")]);
     assert_ne!(o.status.code(), Some(0));

@@ -343,16 +343,54 @@ fn serve_port(
     }
 }
 
-/// Sockets bound so far at start-up, removed again if start-up fails later on.
-struct Bound(Vec<std::path::PathBuf>);
+/// Sockets bound so far at start-up (or for a port being added), and the records of
+/// packed rings made fresh beside them, removed again if start-up fails later on.
+/// A record that was there before is kept: it holds a previous gsonet's rings.
+#[derive(Default)]
+struct Bound {
+    sockets: Vec<std::path::PathBuf>,
+    records: Vec<std::path::PathBuf>,
+}
+
+impl Bound {
+    fn socket(path: &std::path::Path) -> Bound {
+        Bound {
+            sockets: vec![path.to_path_buf()],
+            records: Vec::new(),
+        }
+    }
+
+    /// Before `Port::new` opens (or creates) port `cfg`'s record: notes it if new.
+    fn note_record(&mut self, cfg: &PortConfig) {
+        if let Some(path) = crate::backend::vhost::port::record_path(cfg) {
+            if std::fs::symlink_metadata(&path).is_err() {
+                self.records.push(path);
+            }
+        }
+    }
+
+    /// Start-up went through: everything stays.
+    fn keep(&mut self) {
+        self.sockets.clear();
+        self.records.clear();
+    }
+}
 
 impl Drop for Bound {
     fn drop(&mut self) {
-        for p in &self.0 {
-            // Only what is still a socket: never a file someone put there since.
-            if std::fs::symlink_metadata(p)
-                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
-            {
+        use std::os::unix::fs::FileTypeExt;
+        let is = |p: &std::path::Path, f: fn(&std::fs::FileType) -> bool| {
+            std::fs::symlink_metadata(p).is_ok_and(|m| f(&m.file_type()))
+        };
+        // Only what is still a socket, or a regular file: never what someone put
+        // there since.
+        for p in &self.sockets {
+            if is(p, std::fs::FileType::is_socket) {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        for p in &self.records {
+            if is(p, std::fs::FileType::is_file) {
                 let _ = std::fs::remove_file(p);
             }
         }
@@ -542,16 +580,17 @@ impl Runtime {
         let id = st.next_port;
         st.next_port += 1;
         let access = resolve(&cfg.access, &cfg.socket).map_err(|e| e.to_string())?;
-        let mut bound = Bound(Vec::new());
+        let mut bound = Bound::default();
         let listener = if cfg.client {
             None
         } else {
             let l = listen(&cfg.socket, access).map_err(|e| e.to_string())?;
-            bound.0.push(cfg.socket.clone());
+            bound.sockets.push(cfg.socket.clone());
             self.stop.own_socket(&cfg.socket, &l);
             Some(l)
         };
         // After the listen, as at start-up (`run`): the record beside the socket.
+        bound.note_record(&cfg);
         let port = Arc::new(Port::new(id, cfg).map_err(|e| DaemonError::Timer(e).to_string())?);
         Ok(PreparedPort {
             port,
@@ -586,7 +625,7 @@ impl Runtime {
                 return Err(e.to_string());
             }
         };
-        prep.bound.0.clear();
+        prep.bound.keep();
         self.members().ports.push(port.clone());
         info!(port = %port.name(), id, mode = if port.cfg.client { "client" } else { "server" }, queues = port.cfg.queues, "port added");
         st.ports.push(PortEntry {
@@ -614,7 +653,7 @@ impl Runtime {
             // Wakes the accept: it sees `stop` and returns.
             let _ = UnixStream::connect(&e.cfg.socket);
             // Only what is still a socket (ours); in client mode the socket is QEMU's.
-            drop(Bound(vec![e.cfg.socket.clone()]));
+            drop(Bound::socket(&e.cfg.socket));
         }
         // Its rings stay as they are from here: QEMU reads the used indexes back when
         // the connection closes (a later write would leave the guest past them).
@@ -1027,7 +1066,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         .map(|p| resolve(&p.access, &p.socket))
         .collect::<Result<Vec<_>, _>>()?;
     let control_access = resolve(&cfg.control_access, &cfg.control)?;
-    let mut bound = Bound(Vec::new());
+    let mut bound = Bound::default();
     let mut listeners = Vec::new();
     for (p, access) in cfg.ports.iter().zip(access) {
         listeners.push(if p.client {
@@ -1037,7 +1076,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
                 listen(&p.socket, access)
             })?;
             if own {
-                bound.0.push(p.socket.clone());
+                bound.sockets.push(p.socket.clone());
             }
             Some(l)
         });
@@ -1045,6 +1084,9 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
     // After the listen, which makes the socket's directory and fails if another
     // gsonet serves it: the port's record of its packed rings (`SOCKET.rings`) is
     // opened beside it, and `packed=auto` offers packed rings if it opens.
+    for p in &cfg.ports {
+        bound.note_record(p);
+    }
     let ports: Vec<Arc<Port>> = cfg
         .ports
         .iter()
@@ -1056,7 +1098,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         listen_control(&cfg.control, control_access)
     })?;
     if own {
-        bound.0.push(cfg.control.clone());
+        bound.sockets.push(cfg.control.clone());
     }
     let metrics_listener = cfg
         .metrics
@@ -1072,7 +1114,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         warn!(socket = %s, "the service manager passed a socket no port uses; closing it");
     }
     drop(activated);
-    bound.0.clear();
+    bound.keep();
     let uplinks: Vec<Arc<dyn Uplink>> = opened.iter().map(Opened::uplink).collect();
     // Xen vifs take the port slots after the vhost-user ports: one per `domid=`, `max`
     // per `auto`, each disconnected until its netfront connects.

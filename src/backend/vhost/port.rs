@@ -207,11 +207,15 @@ pub struct Port {
     pub packed_refused: Option<String>,
 }
 
-/// The path of port `cfg`'s record: `SOCKET.rings`.
-fn record_path(cfg: &PortConfig) -> std::path::PathBuf {
+/// The path of port `cfg`'s record, `SOCKET.rings`; `None` with `packed=off`,
+/// which keeps none.
+pub fn record_path(cfg: &PortConfig) -> Option<std::path::PathBuf> {
+    if cfg.packed == PackedMode::Off {
+        return None;
+    }
     let mut path = cfg.socket.clone().into_os_string();
     path.push(".rings");
-    std::path::PathBuf::from(path)
+    Some(std::path::PathBuf::from(path))
 }
 
 /// What `packed=` makes of port `cfg`: the record of its rings (`SOCKET.rings`),
@@ -219,10 +223,9 @@ fn record_path(cfg: &PortConfig) -> std::path::PathBuf {
 /// `packed=on` offers them without a record too (with a warning): a restart then
 /// resumes packed rings where the frontend says, which leaves them stopped.
 fn open_record(cfg: &PortConfig) -> (Option<Arc<RingRecord>>, bool, Option<String>) {
-    if cfg.packed == PackedMode::Off {
+    let Some(path) = record_path(cfg) else {
         return (None, false, None);
-    }
-    let path = record_path(cfg);
+    };
     match RingRecord::open(&path, 2 * usize::from(cfg.queues)) {
         Ok(r) => (Some(Arc::new(r)), true, None),
         Err(e) if cfg.packed == PackedMode::On => {
