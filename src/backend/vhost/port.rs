@@ -593,8 +593,12 @@ impl Port {
         };
         if let Some((base, used)) = ring.start_at_used(kept.load(Ordering::Relaxed), queue) {
             kept.store(0, Ordering::Relaxed);
-            tracing::info!(port = %self.name(), queue = q, frontend_base = base, used,
-                "split ring started at the used index in guest memory, not at the frontend's base (DPDK's virtio_user sends 0 after a reconnect)");
+            // A frontend that reconnects in a loop says it each time: the port's
+            // log budget bounds the lines.
+            if let Some(quiet) = self.log.allow() {
+                tracing::info!(port = %self.name(), queue = q, frontend_base = base, used, suppressed = quiet,
+                    "split ring started at the used index in guest memory, not at the frontend's base (DPDK's virtio_user sends 0 after a reconnect)");
+            }
         }
     }
 
