@@ -70,6 +70,10 @@ pub struct RxScratch {
     written: Vec<usize>,
     /// One chain as walked (at most a queue's worth of descriptors).
     walk: Vec<Desc>,
+    /// The first buffer's bytes of the last frame that needed more than one (0:
+    /// none yet): a frame larger than that is not tried in one buffer first (8 KB
+    /// frames into 2 KB buffers would read each buffer's descriptor twice).
+    spread_from: usize,
 }
 
 impl RxScratch {
@@ -149,7 +153,7 @@ pub fn write_frame_in(
     };
     let qsize = usize::from(ring.size());
 
-    if avail > 0 {
+    if avail > 0 && (scratch.spread_from == 0 || need <= scratch.spread_from) {
         // The common case first: the next buffer alone holds the frame.
         if let Some((head, addr)) = ring.take_single_writable(hm, need) {
             let mut out = *hdr;
@@ -237,6 +241,9 @@ pub fn write_frame_in(
         }
     }
 
+    if let Some(&(_, first)) = scratch.descs.first() {
+        scratch.spread_from = first;
+    }
     let mut out = *hdr;
     out.num_buffers = scratch.chains.len() as u16;
     let hdr_bytes = out.to_bytes();
@@ -916,6 +923,63 @@ mod tests {
                 "used_event {used_event}"
             );
         }
+    }
+
+    #[test]
+    fn packed_buffers_that_hold_a_frame_alone_and_all_others_are_written_as_they_allow() {
+        use crate::ring::packed::PackedRing;
+        use crate::testkit::packed_driver::Driver;
+        let m = mem();
+        let hm = HostMem::new(&m);
+        let mut d = Driver::new(&m, 0x8000, 8);
+        let mut vq = Vq::Packed {
+            ring: PackedRing::new(d.ring, d.driver_area, d.device_area, 8, false),
+            store: Vec::new(),
+        };
+        let fmt = RxFormat {
+            hdr_len: 12,
+            mrg_rxbuf: true,
+            indirect: true,
+        };
+        let mut scratch = RxScratch::default();
+        let hdr = VirtioNetHdr::default();
+        let mut put = |vq: &mut Vq, len: usize| {
+            let frame = pattern(len);
+            let src = Source::Own(&[&frame]);
+            let r = write_frame_in(vq, &hm, &mut scratch, &hdr, fmt, src, true);
+            (r, frame)
+        };
+        // One writable buffer that holds the frame.
+        let a = d.add(&m, &[(0x10000, 2048, true)]);
+        let (r, frame) = put(&mut vq, 100);
+        assert_eq!(r, Ok(1));
+        assert_eq!(d.get_used(&m), Some((a, 112)));
+        let mut got = vec![0u8; 100];
+        m.read_slice(&mut got, GuestAddress(0x10000 + 12)).unwrap();
+        assert_eq!(got, frame);
+        // A readable one of the same size is refused and given back empty.
+        let b = d.add(&m, &[(0x11000, 2048, false)]);
+        assert_eq!(put(&mut vq, 100).0, Err(RxError::ReadableDescriptor));
+        assert_eq!(d.get_used(&m), Some((b, 0)));
+        // A frame over two buffers, then a small one into one again.
+        let c = d.add(&m, &[(0x12000, 2048, true)]);
+        let e = d.add(&m, &[(0x13000, 2048, true)]);
+        assert_eq!(put(&mut vq, 3000).0, Ok(2));
+        assert_eq!(d.get_used(&m), Some((c, 2048)));
+        assert_eq!(d.get_used(&m), Some((e, 964)));
+        let f = d.add(&m, &[(0x14000, 2048, true)]);
+        assert_eq!(put(&mut vq, 200).0, Ok(1));
+        assert_eq!(d.get_used(&m), Some((f, 212)));
+        // A frame larger than the buffers that last needed two, into one large one.
+        let g = d.add(&m, &[(0x16000, 8192, true)]);
+        let (r, frame) = put(&mut vq, 5000);
+        assert_eq!(r, Ok(1));
+        assert_eq!(d.get_used(&m), Some((g, 5012)));
+        let mut got = vec![0u8; 5000];
+        m.read_slice(&mut got, GuestAddress(0x16000 + 12)).unwrap();
+        assert_eq!(got, frame);
+        // Not posted yet: nothing is taken.
+        assert_eq!(put(&mut vq, 100).0, Err(RxError::NoBuffers));
     }
 
     #[test]

@@ -231,6 +231,7 @@ impl Vq {
     /// left (`SplitRing::pending_cached`); a packed ring says 1 if the buffer at its
     /// avail position is available (it cannot tell more without walking). `None`
     /// for a broken ring.
+    #[inline]
     pub fn pending_cached(&mut self, hm: &HostMem<'_>) -> Option<u16> {
         match self {
             Vq::Split { ring, .. } => ring.pending_cached(hm),
@@ -239,6 +240,7 @@ impl Vq {
     }
 
     /// `pending_cached`, read anew.
+    #[inline]
     pub fn pending_fresh(&mut self, hm: &HostMem<'_>) -> Option<u16> {
         match self {
             Vq::Split { ring, .. } => ring.pending_fresh(hm),
@@ -285,13 +287,13 @@ impl Vq {
                 };
                 Some((head, addr))
             }
-            Vq::Packed { .. } => None,
+            Vq::Packed { ring, store } => packed_single_writable(ring, store, hm, need),
         }
     }
 
     /// Takes the next available buffer, walking at most `max` of its descriptors if
     /// the layout walks it now (packed). `None` if none is available.
-    #[inline]
+    #[inline(always)]
     pub fn take(&mut self, hm: &HostMem<'_>, max: usize) -> Option<Head> {
         if !self.has_avail(hm)? {
             return None;
@@ -330,7 +332,7 @@ impl Vq {
     /// Appends `head`'s descriptors (at most `max`) to `out`; returns how its walk
     /// ended and whether its head descriptor points at an indirect table (a split
     /// ring's head is read again for that only with `ask_indirect`, else false).
-    #[inline]
+    #[inline(always)]
     pub fn walk(
         &self,
         hm: &HostMem<'_>,
@@ -390,7 +392,7 @@ impl Vq {
 
     /// Records `head`'s used entry with `len` bytes written. `false` if it cannot
     /// go back (a split head outside the table, an unmapped used entry).
-    #[inline]
+    #[inline(always)]
     pub fn put_used(&mut self, hm: &HostMem<'_>, head: &Head, len: u32) -> bool {
         match self {
             Vq::Split { ring, .. } => ring.put_used(hm, head.id, len),
@@ -444,6 +446,28 @@ impl Vq {
             _ => true,
         }
     }
+}
+
+/// `Vq::take_single_writable` on a packed ring. Out of line: the split ring's is
+/// the one callers inline.
+#[inline(never)]
+fn packed_single_writable(
+    ring: &mut PackedRing,
+    store: &mut Vec<Desc>,
+    hm: &HostMem<'_>,
+    need: usize,
+) -> Option<(Head, u64)> {
+    let (at, id, d) = ring.take_single_writable(hm, need)?;
+    // Kept as `take` keeps a walked buffer's, for a `walk` or `rewind`.
+    let start = store.len() as u32;
+    store.push(d);
+    let head = Head {
+        at: at.to_base(),
+        id,
+        slots: 1,
+        walked: Some((start, 1, WalkEnd::Complete, false)),
+    };
+    Some((head, d.addr))
 }
 
 #[cfg(test)]

@@ -335,6 +335,29 @@ impl PackedRing {
         }
     }
 
+    /// Takes the next available buffer if it is one device-writable descriptor of
+    /// at least `need` bytes, the common RX buffer: `next_avail` moved past its
+    /// slot; its position, buffer id and descriptor returned. Any other buffer is
+    /// left for `pop` to take and check.
+    pub fn take_single_writable(
+        &mut self,
+        hm: &HostMem<'_>,
+        need: usize,
+    ) -> Option<(Pos, u16, Desc)> {
+        if !self.has_avail(hm)? {
+            return None;
+        }
+        let at = self.next_avail;
+        let d = PackedDesc::parse(hm.read_array::<16>(self.slot(at.idx))?);
+        let flags = d.flags & DESC_FLAGS;
+        let write = VRING_DESC_F_WRITE as u16;
+        if flags != write || (d.len as usize) < need {
+            return None;
+        }
+        self.next_avail = at.advance(1, self.size);
+        Some((at, d.id, d.walked(flags)))
+    }
+
     /// Takes the next available buffer: its descriptors (at most `max`) appended to
     /// `out`, `next_avail` moved past its slots. `None` if none is available (or
     /// the ring is broken). A buffer is always taken whole, however its walk ends,
@@ -478,6 +501,7 @@ impl PackedRing {
     /// guest memory, or the position or `slots` is outside the ring). Nothing is
     /// written before the publish, so buffers given back (`rewind`) with their
     /// entries (`rewind_used`) read as they did.
+    #[inline]
     pub fn put_used(&mut self, hm: &HostMem<'_>, id: u16, slots: u16, len: u32) -> bool {
         if !self.in_ring(self.next_used) || slots == 0 || slots > self.size {
             return false;
