@@ -925,22 +925,32 @@ mod tests {
         }
     }
 
+    /// A packed RX ring of `size` at 0x8000 and the driver that posts into it.
+    fn packed_rx(m: &GuestMem, size: u16) -> (crate::testkit::packed_driver::Driver, Vq) {
+        let d = crate::testkit::packed_driver::Driver::new(m, 0x8000, size);
+        let ring =
+            crate::ring::packed::PackedRing::new(d.ring, d.driver_area, d.device_area, size, false);
+        (
+            d,
+            Vq::Packed {
+                ring,
+                store: Vec::new(),
+            },
+        )
+    }
+
+    const MRG_FMT: RxFormat = RxFormat {
+        hdr_len: 12,
+        mrg_rxbuf: true,
+        indirect: true,
+    };
+
     #[test]
     fn packed_buffers_that_hold_a_frame_alone_and_all_others_are_written_as_they_allow() {
-        use crate::ring::packed::PackedRing;
-        use crate::testkit::packed_driver::Driver;
         let m = mem();
         let hm = HostMem::new(&m);
-        let mut d = Driver::new(&m, 0x8000, 8);
-        let mut vq = Vq::Packed {
-            ring: PackedRing::new(d.ring, d.driver_area, d.device_area, 8, false),
-            store: Vec::new(),
-        };
-        let fmt = RxFormat {
-            hdr_len: 12,
-            mrg_rxbuf: true,
-            indirect: true,
-        };
+        let (mut d, mut vq) = packed_rx(&m, 8);
+        let fmt = MRG_FMT;
         let mut scratch = RxScratch::default();
         let hdr = VirtioNetHdr::default();
         let mut put = |vq: &mut Vq, len: usize| {
@@ -984,21 +994,11 @@ mod tests {
 
     #[test]
     fn a_packed_ring_takes_frames_across_its_end_and_shows_them_at_the_publish() {
-        use crate::ring::packed::PackedRing;
-        use crate::testkit::packed_driver::Driver;
         let m = mem();
         let hm = HostMem::new(&m);
         // A ring of 4: the buffers of the second round sit across its end.
-        let mut d = Driver::new(&m, 0x8000, 4);
-        let mut vq = Vq::Packed {
-            ring: PackedRing::new(d.ring, d.driver_area, d.device_area, 4, false),
-            store: Vec::new(),
-        };
-        let fmt = RxFormat {
-            hdr_len: 12,
-            mrg_rxbuf: true,
-            indirect: true,
-        };
+        let (mut d, mut vq) = packed_rx(&m, 4);
+        let fmt = MRG_FMT;
         let mut scratch = RxScratch::default();
         let hdr = VirtioNetHdr::default();
         for round in 0..3u64 {
