@@ -54,7 +54,6 @@ use record::RecordSlot;
 const DESC_SIZE: u64 = 16;
 const NEXT: u16 = VRING_DESC_F_NEXT as u16;
 /// Offsets in a ring descriptor.
-const LEN_AT: u64 = 8;
 const FLAGS_AT: u64 = 14;
 /// Largest indirect table followed (as the split ring's walk).
 pub const MAX_INDIRECT: u64 = u16::MAX as u64;
@@ -508,7 +507,7 @@ impl PackedRing {
         }
         let at = self.next_used;
         self.next_used = at.advance(slots, self.size);
-        if hm.check(self.slot(at.idx), DESC_SIZE as usize).is_err() {
+        if !hm.is_mapped(self.slot(at.idx), DESC_SIZE as usize) {
             return false;
         }
         // At most `size` entries: each has a slot of its own until published.
@@ -540,15 +539,9 @@ impl PackedRing {
                 r.begin(self.desc, first.at, self.next_used);
             }
             for u in rest.iter().chain(std::iter::once(first)) {
-                let mut entry = [0u8; 6];
-                entry[..4].copy_from_slice(&u.len.to_le_bytes());
-                entry[4..].copy_from_slice(&u.id.to_le_bytes());
                 let slot = self.slot(u.at.idx);
                 let flags = if u.at.wrap { F_AVAIL | F_USED } else { 0 };
-                ok &= hm.write(slot + LEN_AT, &entry).is_ok()
-                    && hm
-                        .store_u16(slot + FLAGS_AT, flags, Ordering::Release)
-                        .is_some();
+                ok &= hm.store_packed_used(slot, u.len, u.id, flags);
             }
             if let Some(r) = &self.record {
                 r.commit(self.next_used);
