@@ -319,6 +319,7 @@ impl PackedRing {
     /// Whether the driver has made the buffer at `next_avail` available
     /// (`Acquire`: its descriptors are visible); `None` for a broken ring (a
     /// position outside it, or the ring unmapped).
+    #[inline]
     pub fn has_avail(&self, hm: &HostMem<'_>) -> Option<bool> {
         if !self.in_ring(self.next_avail) {
             return None;
