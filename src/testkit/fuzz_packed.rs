@@ -6,9 +6,11 @@
 //!
 //! Input layout: 1 byte mode (bit 0 EVENT_IDX, bit 1 every batch is given back once
 //! and taken again, as an RX frame that did not fit, bit 2 VIRTIO_F_IN_ORDER's one
-//! used descriptor per run of buffers, `PackedRing::batch_used`) | 1 byte queue
+//! used descriptor per run of buffers, `PackedRing::batch_used`, bit 3 each buffer
+//! is first asked of `take_single_writable`, as RX does) | 1 byte queue
 //! size (1 + b % 64, packed rings need not be a power of two) | 2 bytes start position (vring base,
-//! LE; the index taken mod size) | 1 byte descriptor budget per buffer (1 + b % 64)
+//! LE; the index taken mod size) | 1 byte descriptor budget per buffer (1 + b % 64;
+//! its top two bits: the bytes a single buffer must hold, 1 + 40 * b)
 //! | 1 byte batch size (1 + b % 8) | 4 bytes driver event (off_wrap LE, flags LE) |
 //! 8 bytes per ring descriptor (addr u16 LE, len u16 LE, id u8, flags: bit 0 NEXT,
 //! bit 1 WRITE, bit 2 INDIRECT, bit 3 AVAIL, bit 4 USED, bit 5 len << 16, bit 6 len
@@ -218,6 +220,8 @@ pub fn fuzz_one(data: &[u8]) {
     let event_idx = data[0] & 1 != 0;
     let retake = data[0] & 2 != 0;
     let in_order = data[0] & 4 != 0;
+    let single_first = data[0] & 8 != 0;
+    let need = 1 + 40 * usize::from(data[4] >> 6);
     let size = 1 + u16::from(data[1] % 64);
     let base = u16::from_le_bytes([data[2], data[3]]);
     let start = Pos {
@@ -290,6 +294,39 @@ pub fn fuzz_one(data: &[u8]) {
         for _ in 0..batch {
             let want = model_pop(&before, size, at, max);
             out.clear();
+            if single_first {
+                // Taken in one step exactly when the buffer is one available slot
+                // with one device-writable descriptor of `need` bytes or more.
+                let one = want.as_ref().filter(|w| {
+                    w.slots == 1
+                        && !w.indirect
+                        && w.end == WalkEnd::Complete
+                        && w.descs.len() == 1
+                        && w.descs[0].flags == WRITE
+                        && w.descs[0].len as usize >= need
+                });
+                match r.take_single_writable(&hm, need) {
+                    Some((pos, id, d)) => {
+                        let w = one.expect("taken in one step, which the model refuses");
+                        assert_eq!((pos, id, d), (at, w.id, w.descs[0]));
+                        at = at.advance(1, size);
+                        assert_eq!(r.next_avail, at);
+                        let p = Popped {
+                            at: pos,
+                            id,
+                            slots: 1,
+                            end: WalkEnd::Complete,
+                            indirect: false,
+                        };
+                        popped.push((p, vec![d]));
+                        continue;
+                    }
+                    None => {
+                        assert!(one.is_none(), "not taken in one step: {one:?}");
+                        assert_eq!(r.next_avail, at);
+                    }
+                }
+            }
             let got = r.pop(&hm, max, &mut out);
             let Some(p) = got else {
                 assert!(want.is_none(), "the model takes {want:?}");
@@ -509,6 +546,28 @@ pub fn seeds() -> Vec<Vec<u8>> {
         ],
         &[],
     ));
+    // RX's one step first: a writable buffer of 100 bytes (need 41) taken in one,
+    // then one too short, one readable, a chain and an indirect table by `pop`;
+    // again given back and taken again, in order.
+    for mode in [8, 8 | 2 | 4] {
+        v.push(encode(
+            mode,
+            8,
+            0x8000,
+            0x40 | 16,
+            8,
+            (0, EVENT_DESC),
+            &[
+                (0x6000, 100, 0, A | w),
+                (0x6100, 40, 1, A | w),
+                (0x6200, 100, 2, A),
+                (0x6300, 100, 3, A | n | w),
+                (0x6400, 100, 3, A | w),
+                (DATA as u16, 32, 4, A | i),
+            ],
+            &[],
+        ));
+    }
     v
 }
 
