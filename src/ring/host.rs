@@ -140,8 +140,18 @@ impl<'a> HostMem<'a> {
         })
     }
 
-    /// Whether `[addr, addr + len)` is mapped (possibly across regions).
+    /// Whether `[addr, addr + len)` is mapped (possibly across regions). Inline for
+    /// a range in one region, as nearly every one is; the walk over pieces else.
+    #[inline]
     pub fn check(&self, addr: u64, len: usize) -> Result<(), BadRange> {
+        if self.span(addr, len).is_some_and(|s| s.len == len) {
+            return Ok(());
+        }
+        self.check_pieces(addr, len)
+    }
+
+    #[inline(never)]
+    fn check_pieces(&self, addr: u64, len: usize) -> Result<(), BadRange> {
         self.walk(addr, len, |_, _| {})
     }
 
@@ -394,13 +404,6 @@ impl<'a> HostMem<'a> {
         }
         s.region.bitmap().mark_dirty(s.offset + 8, 8);
         true
-    }
-
-    /// Whether `[addr, addr + len)` is mapped: `check` without its walk when the
-    /// range lies in one region.
-    #[inline]
-    pub fn is_mapped(&self, addr: u64, len: usize) -> bool {
-        self.span(addr, len).is_some_and(|s| s.len == len) || self.check(addr, len).is_ok()
     }
 
     fn write_pair(&self, addr: u64, id: u32, len: u32) -> bool {

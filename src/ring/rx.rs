@@ -70,9 +70,10 @@ pub struct RxScratch {
     written: Vec<usize>,
     /// One chain as walked (at most a queue's worth of descriptors).
     walk: Vec<Desc>,
-    /// The first buffer's bytes of the last frame that needed more than one (0:
-    /// none yet): a frame larger than that is not tried in one buffer first (8 KB
-    /// frames into 2 KB buffers would read each buffer's descriptor twice).
+    /// The first buffer's bytes of the last frame written the long way, over
+    /// claimed chains (0: none yet): a frame larger than that is not tried in one
+    /// buffer first (8 KB frames into 2 KB buffers would read each buffer's
+    /// descriptor twice).
     spread_from: usize,
 }
 

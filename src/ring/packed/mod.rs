@@ -508,7 +508,7 @@ impl PackedRing {
         }
         let at = self.next_used;
         self.next_used = at.advance(slots, self.size);
-        if !hm.is_mapped(self.slot(at.idx), DESC_SIZE as usize) {
+        if hm.check(self.slot(at.idx), DESC_SIZE as usize).is_err() {
             return false;
         }
         // At most `size` entries: each has a slot of its own until published.
