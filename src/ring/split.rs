@@ -91,6 +91,20 @@ pub fn walk_chain(
     max: usize,
     out: &mut Vec<Desc>,
 ) -> WalkEnd {
+    walk_chain_from(hm, table, size, head, None, max, out)
+}
+
+/// `walk_chain`, given the head descriptor if the caller has read it already.
+#[inline(never)]
+fn walk_chain_from(
+    hm: &HostMem<'_>,
+    table: u64,
+    size: u16,
+    head: u16,
+    mut first: Option<Desc>,
+    max: usize,
+    out: &mut Vec<Desc>,
+) -> WalkEnd {
     let start = out.len();
     let mut table = table;
     let mut table_len = u64::from(size);
@@ -111,13 +125,18 @@ pub fn walk_chain(
                 WalkEnd::Complete
             };
         }
-        let Some(at) = table.checked_add(index * DESC_SIZE) else {
-            return WalkEnd::Unreadable;
+        let d = match first.take() {
+            Some(d) => d,
+            None => {
+                let Some(at) = table.checked_add(index * DESC_SIZE) else {
+                    return WalkEnd::Unreadable;
+                };
+                let Some(raw) = hm.read_array::<16>(at) else {
+                    return WalkEnd::Unreadable;
+                };
+                Desc::parse(raw)
+            }
         };
-        let Some(raw) = hm.read_array::<16>(at) else {
-            return WalkEnd::Unreadable;
-        };
-        let d = Desc::parse(raw);
         if d.is_indirect() {
             let n = u64::from(d.len) / DESC_SIZE;
             if indirect || !u64::from(d.len).is_multiple_of(DESC_SIZE) || n > MAX_INDIRECT {
@@ -297,6 +316,27 @@ impl SplitRing {
     pub fn prefetch_desc(&self, hm: &HostMem<'_>, head: u16) {
         if head < self.size {
             hm.prefetch(self.desc + u64::from(head) * DESC_SIZE, DESC_SIZE as usize);
+        }
+    }
+
+    /// `walk_chain` of chain `head` in this ring's table. A chain of one descriptor
+    /// (no NEXT, no indirect table: how most frames come) is taken without the
+    /// walk's general loop, and a longer one is walked on from the head descriptor
+    /// read for that, not read again.
+    #[inline]
+    pub fn walk(&self, hm: &HostMem<'_>, head: u16, max: usize, out: &mut Vec<Desc>) -> WalkEnd {
+        let first = (head < self.size)
+            .then(|| self.desc.checked_add(u64::from(head) * DESC_SIZE))
+            .flatten()
+            .and_then(|at| hm.read_array::<16>(at))
+            .map(Desc::parse);
+        let chained = (VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT) as u16;
+        match first {
+            Some(d) if d.flags & chained == 0 && max > 0 => {
+                out.push(d);
+                WalkEnd::Complete
+            }
+            _ => walk_chain_from(hm, self.desc, self.size, head, first, max, out),
         }
     }
 

@@ -25,7 +25,7 @@ use virtio_queue::QueueT;
 use super::host::HostMem;
 use super::packed::record::RecordSlot;
 use super::packed::{PackedRing, Pos, UsedMark};
-use super::split::{head_is_indirect, walk_chain, Desc, SplitRing, WalkEnd};
+use super::split::{head_is_indirect, Desc, SplitRing, WalkEnd};
 
 /// A buffer taken off a `Vq`: what gives it back, walks it and completes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -343,7 +343,7 @@ impl Vq {
     ) -> (WalkEnd, bool) {
         match (self, head.walked) {
             (Vq::Split { ring, .. }, _) => {
-                let end = walk_chain(hm, ring.desc, ring.size, head.id, max, out);
+                let end = ring.walk(hm, head.id, max, out);
                 let indirect = ask_indirect && head_is_indirect(hm, ring.desc, ring.size, head.id);
                 (end, indirect)
             }

@@ -504,11 +504,15 @@ fn tx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode) {
     );
 }
 
-/// `walk_chain` (at most `max` descriptors) agrees with virtio-queue's walk of `c`,
+/// `walk_chain` and `SplitRing::walk` (at most `max` descriptors) agree with virtio-queue's walk of `c`,
 /// read from the same memory: the same descriptors, and it ends where that one does.
 fn check_walk(hm: &HostMem<'_>, split: &SplitRing, c: &Chain, max: usize) {
     let mut walk = Vec::new();
     let end = walk_chain(hm, split.desc, split.size, c.head, max, &mut walk);
+    // The ring's own walk (a lone descriptor taken without the loop) ends alike.
+    let mut ring_walk = Vec::new();
+    let ring_end = split.walk(hm, c.head, max, &mut ring_walk);
+    assert_eq!((ring_end, &ring_walk), (end, &walk), "head {}", c.head);
     let ours: Vec<_> = walk
         .iter()
         .map(|a| (a.addr, a.len, a.flags, a.next))
