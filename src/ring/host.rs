@@ -193,7 +193,7 @@ impl<'a> HostMem<'a> {
     /// Copies guest `[addr, addr + dst.len())` into `dst`. Inline for a range in
     /// one region, as nearly every one is (a frame's bytes, a descriptor); the walk
     /// over pieces else.
-    #[inline]
+    #[inline(always)]
     pub fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), BadRange> {
         match self.span(addr, dst.len()) {
             // SAFETY: `s` is `dst.len()` mapped bytes of guest memory (`span`), copied
@@ -330,7 +330,7 @@ impl<'a> HostMem<'a> {
 
     /// A little-endian `u16` of the ring, read with `Acquire` (an index the other
     /// side publishes). The address must be mapped and 2-byte aligned.
-    #[inline]
+    #[inline(always)]
     pub fn load_u16(&self, addr: u64, order: Ordering) -> Option<u16> {
         let a = self.atomic_u16(addr)?;
         Some(u16::from_le(a.load(order)))
