@@ -330,7 +330,7 @@ fn fill_one(
     src: Source<'_>,
     publish: bool,
 ) -> Result<usize, RxError> {
-    if write_one_buffer(hm, one.addr, hdr, src).is_err() {
+    if write_one_buffer(hm, one.addr, one.need, hdr, src).is_err() {
         ring.put_used(hm, one.head, 0);
         ring.publish_used(hm);
         return Err(RxError::BadAddress);
@@ -343,15 +343,17 @@ fn fill_one(
     Ok(1)
 }
 
-/// Writes the header, then the frame, into the one buffer at `addr` that holds both:
-/// translated once when it lies in one region (nearly always), else range by range.
+/// Writes the header, then the frame (`need` bytes in all), into the one buffer at
+/// `addr` that holds both: translated once when it lies in one region (nearly
+/// always), else range by range.
 fn write_one_buffer(
     hm: &HostMem<'_>,
     addr: u64,
+    need: usize,
     hdr: &[u8],
     src: Source<'_>,
 ) -> Result<(), BadRange> {
-    match hm.writable(addr, hdr.len() + src.len()) {
+    match hm.writable(addr, need) {
         Some(buf) => write_into(&buf, hdr, src),
         None => write_into(&Ranges { hm, addr }, hdr, src),
     }

@@ -359,7 +359,7 @@ impl SplitRing {
 
     /// Writes used element `head`/`len` at the next used slot, without publishing it.
     /// A head outside the table is not written (no used entry can name it).
-    #[inline]
+    #[inline(always)]
     pub fn put_used(&mut self, hm: &HostMem<'_>, head: u16, len: u32) -> bool {
         if head >= self.size {
             return false;
