@@ -322,6 +322,7 @@ struct OneBuffer<'h> {
 /// Writes a frame into one buffer front to back, without the bookkeeping of a frame
 /// spread over buffers and chains, and records its used entry (published with
 /// `publish`). A buffer found unmapped goes back unused, as in `write_frame_in`.
+#[inline(always)]
 fn fill_one(
     ring: &mut Vq,
     hm: &HostMem<'_>,

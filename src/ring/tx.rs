@@ -167,10 +167,15 @@ pub fn copy_head(
         }
         at += n;
     }
-    // A 10-byte legacy header has no num_buffers; the zero tail stands in for it.
-    let mut raw = [0u8; HDR_LEN];
-    raw[..hdr_len].copy_from_slice(&buf[..hdr_len]);
-    let hdr = VirtioNetHdr::from_bytes(&raw).inspect_err(|_| pieces.truncate(first))?;
+    let hdr = if hdr_len == HDR_LEN {
+        VirtioNetHdr::from_bytes(&buf[..HDR_LEN])
+    } else {
+        // A 10-byte legacy header has no num_buffers; the zero tail stands in for it.
+        let mut raw = [0u8; HDR_LEN];
+        raw[..hdr_len].copy_from_slice(&buf[..hdr_len]);
+        VirtioNetHdr::from_bytes(&raw)
+    };
+    let hdr = hdr.inspect_err(|_| pieces.truncate(first))?;
     Ok(TxFrame {
         hdr,
         start: hdr_len,
