@@ -196,9 +196,9 @@ impl<'a> HostMem<'a> {
     #[inline(always)]
     pub fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), BadRange> {
         match self.span(addr, dst.len()) {
-            // SAFETY: `s` is `dst.len()` mapped bytes of guest memory (`span`), copied
-            // into gsonet's own buffer; the two never overlap.
             Some(s) if s.len == dst.len() => {
+                // SAFETY: `s` is `dst.len()` mapped bytes of guest memory (`span`),
+                // copied into gsonet's own buffer; the two never overlap.
                 unsafe { copy(s.host, dst.as_mut_ptr(), s.len) };
                 Ok(())
             }
