@@ -83,6 +83,21 @@ impl Vq {
         }
     }
 
+    /// `Vq::of(q, packed)`, in `spare`'s buffers if it is a ring of the same layout
+    /// (a packed ring's descriptor store and used entries): a worker that takes its
+    /// ring anew each batch allocates them once, not every batch.
+    pub fn renew<Q: QueueT>(spare: Option<Vq>, q: &Q, packed: bool) -> Vq {
+        match spare {
+            Some(mut vq) if packed && vq.is_packed() => {
+                vq.reload(q);
+                vq.set_record(None);
+                vq.batch_used(false);
+                vq
+            }
+            _ => Vq::of(q, packed),
+        }
+    }
+
     /// Has a packed ring record its publishes in `r` (`packed::record`); a split
     /// ring needs none.
     pub fn set_record(&mut self, r: Option<RecordSlot>) {

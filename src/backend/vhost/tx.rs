@@ -62,6 +62,8 @@ pub struct TxWorker {
     pub completion: TxCompletion,
     /// The allocations of the batch's runs, kept from batch to batch.
     run_spare: RunSpare,
+    /// The last batch's ring, whose buffers the next one takes (`Vq::renew`).
+    ring_spare: Option<Vq>,
 }
 
 /// Wakes a TX worker holding frames as soon as some guest adds RX buffers: its
@@ -102,6 +104,7 @@ impl Default for TxWorker {
             timer: None,
             completion: TxCompletion::default(),
             run_spare: RunSpare::default(),
+            ring_spare: None,
         }
     }
 }
@@ -265,12 +268,13 @@ fn take_and_send(
     }
     let q = st.get_queue_mut();
     let hm = HostMem::new(mem);
-    let mut ring = Vq::of(q, s.packed);
+    let mut ring = Vq::renew(w.ring_spare.take(), q, s.packed);
     port.look_at_start(2 * s.pair + 1, &mut ring, q);
     ring.record_in(|| port.ring_slot(2 * s.pair + 1));
     // The driver reads a TX completion's id only, never its length.
     ring.batch_used(s.in_order);
     if ring.has_avail(&hm).is_none() {
+        w.ring_spare = Some(ring);
         return Take::Broken;
     }
     let one_copy = port.cfg.one_copy && w.one_copy_pause == 0;
@@ -306,6 +310,7 @@ fn take_and_send(
             warn!(port = %port.name(), suppressed = quiet, bad_heads, "TX chains could not be handed back (head outside the ring, or the used ring unmapped)");
         }
     }
+    w.ring_spare = Some(ring);
     Take::Chains(n)
 }
 
