@@ -126,8 +126,9 @@ impl Vq {
     }
 
     /// Hands back `heads`, taken in this order, with length 0: as one used entry on
-    /// a split ring with `batch_used` (`SplitRing::put_used_in_order`), else one
-    /// `put_used` each (a packed ring with `batch_used` joins them at its publish).
+    /// a split ring with `batch_used` (`SplitRing::put_used_in_order`), as runs
+    /// joined while they are recorded on a packed one (`PackedRing::put_used_in_order`),
+    /// else one `put_used` each.
     /// Returns how many could not go back.
     pub fn put_used_all<'h>(
         &mut self,
@@ -138,6 +139,7 @@ impl Vq {
             Vq::Split { ring, .. } if ring.batch_used => {
                 ring.put_used_in_order(hm, heads.map(|h| h.id))
             }
+            Vq::Packed { ring, .. } => ring.put_used_in_order(hm, heads.map(|h| (h.id, h.slots))),
             _ => heads.filter(|h| !self.put_used(hm, h, 0)).count(),
         }
     }

@@ -7,7 +7,8 @@
 //! Input layout: 1 byte mode (bit 0 EVENT_IDX, bit 1 every batch is given back once
 //! and taken again, as an RX frame that did not fit, bit 2 VIRTIO_F_IN_ORDER's one
 //! used descriptor per run of buffers, `PackedRing::batch_used`, bit 3 each buffer
-//! is first asked of `take_single_writable`, as RX does) | 1 byte queue
+//! is first asked of `take_single_writable`, as RX does, bit 4 each batch is handed
+//! back with `put_used_in_order`, length 0, as TX does) | 1 byte queue
 //! size (1 + b % 64, packed rings need not be a power of two) | 2 bytes start position (vring base,
 //! LE; the index taken mod size) | 1 byte descriptor budget per buffer (1 + b % 64;
 //! its top two bits: the bytes a single buffer must hold, 1 + 40 * b)
@@ -221,6 +222,7 @@ pub fn fuzz_one(data: &[u8]) {
     let retake = data[0] & 2 != 0;
     let in_order = data[0] & 4 != 0;
     let single_first = data[0] & 8 != 0;
+    let tx_back = data[0] & 16 != 0;
     let need = 1 + 40 * usize::from(data[4] >> 6);
     let size = 1 + u16::from(data[1] % 64);
     let base = u16::from_le_bytes([data[2], data[3]]);
@@ -364,9 +366,22 @@ pub fn fuzz_one(data: &[u8]) {
                 assert_eq!(&out, descs);
             }
         }
-        for (i, (p, descs)) in popped.iter().enumerate() {
-            let len = descs.iter().map(|d| d.len).fold(0u32, u32::saturating_add) ^ i as u32;
-            assert!(r.put_used_popped(&hm, p, len));
+        // What each buffer's used entry says it got: 0 for a TX batch.
+        let len_of = |i: usize, descs: &[Desc]| {
+            let len = descs.iter().map(|d| d.len).fold(0u32, u32::saturating_add);
+            if tx_back {
+                0
+            } else {
+                len ^ i as u32
+            }
+        };
+        if tx_back {
+            let heads = popped.iter().map(|(p, _)| (p.id, p.slots));
+            assert_eq!(r.put_used_in_order(&hm, heads), 0);
+        } else {
+            for (i, (p, descs)) in popped.iter().enumerate() {
+                assert!(r.put_used_popped(&hm, p, len_of(i, descs)));
+            }
         }
         assert_eq!(r.next_used, r.next_avail, "the used side keeps step");
         assert!(r.publish_used(&hm));
@@ -377,7 +392,7 @@ pub fn fuzz_one(data: &[u8]) {
         let mut entries: Vec<(Pos, u16, u32, u16)> = Vec::new();
         let mut u = since;
         for (i, (p, descs)) in popped.iter().enumerate() {
-            let len = descs.iter().map(|d| d.len).fold(0u32, u32::saturating_add) ^ i as u32;
+            let len = len_of(i, descs);
             match entries.last_mut() {
                 Some(run)
                     if in_order && u32::from(run.3) + u32::from(p.slots) <= u32::from(size) =>
@@ -564,6 +579,29 @@ pub fn seeds() -> Vec<Vec<u8>> {
                 (0x6300, 100, 3, A | n | w),
                 (0x6400, 100, 3, A | w),
                 (DATA as u16, 32, 4, A | i),
+            ],
+            &[],
+        ));
+    }
+    // Handed back as TX does, in order and not: buffers of one, two and three
+    // slots from slot 6 of 8, across the end, in batches of two.
+    for mode in [16 | 4, 16] {
+        v.push(encode(
+            mode,
+            8,
+            0x8006,
+            16,
+            2,
+            (0, 0),
+            &[
+                (0x6000, 10, 2, U | n),
+                (0x6100, 10, 2, U),
+                (0x6200, 10, 3, U | n),
+                (0x6300, 10, 3, U | n),
+                (0x6400, 10, 3, U),
+                (0x6500, 10, 4, U),
+                (0x6600, 10, 0, A),
+                (0x6700, 10, 1, A | n),
             ],
             &[],
         ));

@@ -339,6 +339,7 @@ impl PackedRing {
     /// at least `need` bytes, the common RX buffer: `next_avail` moved past its
     /// slot; its position, buffer id and descriptor returned. Any other buffer is
     /// left for `pop` to take and check.
+    #[inline(always)]
     pub fn take_single_writable(
         &mut self,
         hm: &HostMem<'_>,
@@ -516,6 +517,40 @@ impl PackedRing {
             self.unpublished.push(Used { at, id, len, slots });
         }
         true
+    }
+
+    /// `put_used` with length 0 for each of `heads` (id, slots), taken in this
+    /// order: with `batch_used`, an entry that follows the last one recorded joins
+    /// it at once, as `publish_used` would join them (`batch_runs`), instead of
+    /// being recorded on its own. For a TX batch handed back whole (nothing
+    /// recorded here is rewound). Returns how many could not go back.
+    pub fn put_used_in_order(
+        &mut self,
+        hm: &HostMem<'_>,
+        heads: impl Iterator<Item = (u16, u16)>,
+    ) -> usize {
+        let mut bad = 0;
+        for (id, slots) in heads {
+            let at = self.next_used;
+            let joins = self.batch_used
+                && self.in_ring(at)
+                && slots > 0
+                && self.unpublished.last().is_some_and(|run| {
+                    run.at.advance(run.slots, self.size) == at
+                        && u32::from(run.slots) + u32::from(slots) <= u32::from(self.size)
+                })
+                && hm.check(self.slot(at.idx), DESC_SIZE as usize).is_ok();
+            match self.unpublished.last_mut() {
+                Some(run) if joins => {
+                    self.next_used = at.advance(slots, self.size);
+                    run.id = id;
+                    run.len = 0;
+                    run.slots += slots;
+                }
+                _ => bad += usize::from(!self.put_used(hm, id, slots, 0)),
+            }
+        }
+        bad
     }
 
     /// The used entry of a taken buffer (`put_used` with its id and slots).
