@@ -369,6 +369,23 @@ impl PackedRing {
             return None;
         }
         let at = self.next_avail;
+        let mut head = hm.read_array::<16>(self.slot(at.idx));
+        if let Some(d) = head.map(PackedDesc::parse) {
+            // A buffer of one descriptor (how most TX frames come): taken without
+            // the loop, as the loop would take it.
+            let flags = d.flags & DESC_FLAGS;
+            if flags & (NEXT | VRING_DESC_F_INDIRECT as u16) == 0 && max > 0 {
+                out.push(d.walked(flags));
+                self.next_avail = at.advance(1, self.size);
+                return Some(Popped {
+                    at,
+                    id: d.id,
+                    slots: 1,
+                    end: WalkEnd::Complete,
+                    indirect: false,
+                });
+            }
+        }
         let start = out.len();
         let mut pos = at;
         let mut slots = 0u16;
@@ -376,7 +393,12 @@ impl PackedRing {
         let mut id = 0u16;
         let mut indirect = false;
         let end = loop {
-            let Some(raw) = hm.read_array::<16>(self.slot(pos.idx)) else {
+            // The head as read above, each descriptor after it from the ring.
+            let raw = match head.take() {
+                Some(raw) if slots == 0 => Some(raw),
+                _ => hm.read_array::<16>(self.slot(pos.idx)),
+            };
+            let Some(raw) = raw else {
                 if slots == 0 {
                     // The head's flags were readable, its descriptor is not: take
                     // the slot, so that the ring moves on.
