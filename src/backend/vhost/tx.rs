@@ -130,6 +130,13 @@ impl TxWorker {
         Ok(w)
     }
 
+    /// Keeps a batch's ring for its buffers only (`Vq::renew`): what it records
+    /// into goes with the batch.
+    fn keep_ring(&mut self, mut ring: Vq) {
+        ring.set_record(None);
+        self.ring_spare = Some(ring);
+    }
+
     /// Whether the worker holds frames for full guests rather than drop them: it
     /// has the timer and the bell that end a pause.
     fn holds(&self) -> bool {
@@ -274,7 +281,7 @@ fn take_and_send(
     // The driver reads a TX completion's id only, never its length.
     ring.batch_used(s.in_order);
     if ring.has_avail(&hm).is_none() {
-        w.ring_spare = Some(ring);
+        w.keep_ring(ring);
         return Take::Broken;
     }
     let one_copy = port.cfg.one_copy && w.one_copy_pause == 0;
@@ -310,7 +317,7 @@ fn take_and_send(
             warn!(port = %port.name(), suppressed = quiet, bad_heads, "TX chains could not be handed back (head outside the ring, or the used ring unmapped)");
         }
     }
-    w.ring_spare = Some(ring);
+    w.keep_ring(ring);
     Take::Chains(n)
 }
 
