@@ -199,6 +199,16 @@ struct Used {
     slots: u16,
 }
 
+impl Used {
+    /// Whether the entry of a buffer of `slots` slots at `at` joins this run under
+    /// VIRTIO_F_IN_ORDER: it comes right after the run, and the run stays within a
+    /// ring of `size` slots.
+    fn joined_by(&self, at: Pos, slots: u16, size: u16) -> bool {
+        self.at.advance(self.slots, size) == at
+            && u32::from(self.slots) + u32::from(slots) <= u32::from(size)
+    }
+}
+
 /// Where the used side stood, to go back to (`PackedRing::used_mark`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UsedMark {
@@ -557,10 +567,10 @@ impl PackedRing {
             let joins = self.batch_used
                 && self.in_ring(at)
                 && slots > 0
-                && self.unpublished.last().is_some_and(|run| {
-                    run.at.advance(run.slots, self.size) == at
-                        && u32::from(run.slots) + u32::from(slots) <= u32::from(self.size)
-                })
+                && self
+                    .unpublished
+                    .last()
+                    .is_some_and(|run| run.joined_by(at, slots, self.size))
                 && hm.check(self.slot(at.idx), DESC_SIZE as usize).is_ok();
             match self.unpublished.last_mut() {
                 Some(run) if joins => {
@@ -623,8 +633,7 @@ impl PackedRing {
         for i in 1..self.unpublished.len() {
             let u = self.unpublished[i];
             let run = &mut self.unpublished[out];
-            let follows = run.at.advance(run.slots, size) == u.at;
-            if follows && u32::from(run.slots) + u32::from(u.slots) <= u32::from(size) {
+            if run.joined_by(u.at, u.slots, size) {
                 run.id = u.id;
                 run.len = u.len;
                 run.slots += u.slots;
