@@ -70,6 +70,8 @@ pub struct RxScratch {
     written: Vec<usize>,
     /// One chain as walked (at most a queue's worth of descriptors).
     walk: Vec<Desc>,
+    /// A frame's buffers when each is one descriptor (`spread_over_lone_buffers`).
+    lone: Vec<(Head, Desc)>,
     /// The first buffer's bytes of the last frame written the long way, over
     /// claimed chains (0: none yet): a frame larger than that is not tried in one
     /// buffer first (8 KB frames into 2 KB buffers would read each buffer's
@@ -83,7 +85,7 @@ impl RxScratch {
     pub fn capacity(&self) -> (usize, usize, usize) {
         (
             self.descs.capacity(),
-            self.chains.capacity(),
+            self.chains.capacity().max(self.lone.capacity()),
             self.written.capacity(),
         )
     }
@@ -156,16 +158,23 @@ pub fn write_frame_in(
 
     if avail > 0 && (scratch.spread_from == 0 || need <= scratch.spread_from) {
         // The common case first: the next buffer alone holds the frame.
-        if let Some((head, addr)) = ring.take_single_writable(hm, need) {
+        if let Some((head, d)) = ring.take_single_writable(hm, need) {
             let mut out = *hdr;
             out.num_buffers = 1;
             let hdr_bytes = out.to_bytes();
             let one = OneBuffer {
                 head: &head,
-                addr,
+                addr: d.addr,
                 need,
             };
             return fill_one(ring, hm, one, &hdr_bytes[..fmt.hdr_len], src, publish);
+        }
+    }
+
+    if fmt.mrg_rxbuf {
+        if let Some(r) = spread_over_lone_buffers(ring, hm, scratch, hdr, fmt, src, avail, publish)
+        {
+            return r;
         }
     }
 
@@ -310,6 +319,141 @@ pub fn write_frame_in(
         return Err(RxError::BadAddress);
     }
     Ok(chains.len())
+}
+
+/// `write_frame_in` for a frame spread over several buffers (MRG_RXBUF) when each
+/// is one writable descriptor, as nearly every driver posts them: each buffer is
+/// taken in one step, translated once and filled from where the last one stopped,
+/// without the general path's walk and per-descriptor bookkeeping. `None` if a
+/// buffer is anything else or the ring runs short: all taken are given back and
+/// the general path takes them again and judges them.
+#[allow(clippy::too_many_arguments)]
+fn spread_over_lone_buffers(
+    ring: &mut Vq,
+    hm: &HostMem<'_>,
+    scratch: &mut RxScratch,
+    hdr: &VirtioNetHdr,
+    fmt: RxFormat,
+    src: Source<'_>,
+    mut avail: u16,
+    publish: bool,
+) -> Option<Result<usize, RxError>> {
+    let need = fmt.hdr_len + src.len();
+    let bufs = &mut scratch.lone;
+    bufs.clear();
+    let mut have = 0usize;
+    while have < need {
+        if avail == 0 {
+            avail = ring.pending_fresh(hm).unwrap_or(0);
+        }
+        let taken = (avail > 0 && bufs.len() < MAX_CHAINS_PER_FRAME)
+            .then(|| ring.take_single_writable(hm, 1))
+            .flatten();
+        let Some((head, d)) = taken else {
+            if let Some((first, _)) = bufs.first() {
+                ring.rewind(first);
+            }
+            return None;
+        };
+        avail -= 1;
+        have += d.len as usize;
+        bufs.push((head, d));
+    }
+    scratch.spread_from = bufs[0].1.len as usize;
+
+    let mut out = *hdr;
+    out.num_buffers = bufs.len() as u16;
+    let hdr_bytes = out.to_bytes();
+    let mut from = Cursor::new(&hdr_bytes[..fmt.hdr_len], src);
+    let mut left = need;
+    let copied = bufs.iter().try_for_each(|(_, d)| {
+        let n = left.min(d.len as usize);
+        left -= n;
+        match hm.writable(d.addr, n) {
+            Some(buf) => from.fill(&buf, n),
+            None => from.fill(&Ranges { hm, addr: d.addr }, n),
+        }
+    });
+    if copied.is_err() {
+        for (head, _) in bufs.iter() {
+            ring.put_used(hm, head, 0);
+        }
+        ring.publish_used(hm);
+        return Some(Err(RxError::BadAddress));
+    }
+    let base = ring.used_pos();
+    let mut left = need;
+    for (head, d) in bufs.iter() {
+        let n = left.min(d.len as usize);
+        left -= n;
+        if !ring.put_used(hm, head, n as u32) {
+            ring.rewind_used(base);
+            return Some(Err(RxError::BadAddress));
+        }
+    }
+    if publish && !ring.publish_used(hm) {
+        ring.rewind_used(base);
+        return Some(Err(RxError::BadAddress));
+    }
+    Some(Ok(bufs.len()))
+}
+
+/// A frame's bytes as they are written out, buffer by buffer: its header, then the
+/// source's own parts, then its pieces of another guest's memory.
+struct Cursor<'a> {
+    /// The rest of the header or of the current own part.
+    bytes: &'a [u8],
+    own: &'a [&'a [u8]],
+    pieces: &'a [(u64, u32)],
+    /// Bytes of `pieces[0]` already written.
+    piece_off: usize,
+    from: Option<HostMem<'a>>,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(hdr: &'a [u8], src: Source<'a>) -> Cursor<'a> {
+        let (own, pieces, from) = match src {
+            Source::Own(parts) => (parts, &[][..], None),
+            Source::Guest { head, tail } => (head, tail.pieces, Some(HostMem::new(tail.mem))),
+        };
+        Cursor {
+            bytes: hdr,
+            own,
+            pieces,
+            piece_off: 0,
+            from,
+        }
+    }
+
+    /// Writes the next `n` bytes into `to` from its start.
+    fn fill(&mut self, to: &impl Sink, mut n: usize) -> Result<(), BadRange> {
+        let mut at = 0;
+        while n > 0 {
+            if !self.bytes.is_empty() {
+                let k = self.bytes.len().min(n);
+                to.put(at, &self.bytes[..k])?;
+                self.bytes = &self.bytes[k..];
+                at += k;
+                n -= k;
+            } else if let Some((part, rest)) = self.own.split_first() {
+                self.bytes = part;
+                self.own = rest;
+            } else if let (Some(&(a, l)), Some(from)) = (self.pieces.first(), &self.from) {
+                let k = (l as usize - self.piece_off).min(n);
+                to.put_guest(at, from, a + self.piece_off as u64, k)?;
+                self.piece_off += k;
+                if self.piece_off == l as usize {
+                    self.pieces = &self.pieces[1..];
+                    self.piece_off = 0;
+                }
+                at += k;
+                n -= k;
+            } else {
+                unreachable!("a frame's buffers hold exactly its bytes");
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A claimed chain whose one buffer, at `addr`, holds the whole `need` bytes.

@@ -296,7 +296,7 @@ impl SplitRing {
     /// otherwise takes nothing (the caller walks it as any chain). The caller knows
     /// from `pending` that a chain is available.
     #[inline]
-    pub fn take_single_writable(&mut self, hm: &HostMem<'_>, need: usize) -> Option<(u16, u64)> {
+    pub fn take_single_writable(&mut self, hm: &HostMem<'_>, need: usize) -> Option<(u16, Desc)> {
         let slot = self.slot(self.next_avail);
         let head = hm.load_u16(self.avail + AVAIL_HEADER + 2 * slot, Ordering::Relaxed)?;
         if head >= self.size {
@@ -308,7 +308,7 @@ impl SplitRing {
             return None;
         }
         self.next_avail += 1;
-        Some((head, d.addr))
+        Some((head, d))
     }
 
     /// Starts loading head `head`'s descriptor (see `HostMem::prefetch`).

@@ -286,15 +286,16 @@ impl Vq {
         }
     }
 
-    /// A split ring's next chain, taken if it is one writable buffer that holds
-    /// `need` bytes (`SplitRing::take_single_writable`): its head and the buffer's
-    /// address. `None` (nothing taken) otherwise, and always for a packed ring.
+    /// The next buffer, taken if it is one device-writable descriptor of at least
+    /// `need` bytes (`take_single_writable` of either layout): its head and its
+    /// descriptor. `None` (nothing taken) otherwise. On a split ring the caller has
+    /// seen a chain available (`pending_cached`, `pending_fresh`).
     #[inline]
-    pub fn take_single_writable(&mut self, hm: &HostMem<'_>, need: usize) -> Option<(Head, u64)> {
+    pub fn take_single_writable(&mut self, hm: &HostMem<'_>, need: usize) -> Option<(Head, Desc)> {
         match self {
             Vq::Split { ring, pending } => {
                 let at = ring.next_avail.0;
-                let (id, addr) = ring.take_single_writable(hm, need)?;
+                let (id, d) = ring.take_single_writable(hm, need)?;
                 *pending = pending.map(|n| n.saturating_sub(1));
                 let head = Head {
                     at,
@@ -302,7 +303,7 @@ impl Vq {
                     slots: 1,
                     walked: None,
                 };
-                Some((head, addr))
+                Some((head, d))
             }
             Vq::Packed { ring, store } => packed_single_writable(ring, store, hm, need),
         }
@@ -473,7 +474,7 @@ fn packed_single_writable(
     store: &mut Vec<Desc>,
     hm: &HostMem<'_>,
     need: usize,
-) -> Option<(Head, u64)> {
+) -> Option<(Head, Desc)> {
     let (at, id, d) = ring.take_single_writable(hm, need)?;
     // Kept as `take` keeps a walked buffer's, for a `walk` or `rewind`.
     let start = store.len() as u32;
@@ -484,7 +485,7 @@ fn packed_single_writable(
         slots: 1,
         walked: Some((start, 1, WalkEnd::Complete, false)),
     };
-    Some((head, d.addr))
+    Some((head, d))
 }
 
 #[cfg(test)]

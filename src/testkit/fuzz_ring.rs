@@ -4,7 +4,8 @@
 //! `ring::rx::write_frame`.
 //!
 //! Input layout: 1 byte mode (bit 0 RX, bit 1 MRG_RXBUF, bit 2 INDIRECT_DESC, bit 3
-//! 10-byte legacy header, bit 4 deferred RX publish / TX one-copy frames, bit 5 TX
+//! 10-byte legacy header, bit 4 deferred RX publish of frames whose tail lies in
+//! another guest's memory / TX one-copy frames, bit 5 TX
 //! in order) | 1 byte queue size (2 << (b % 8)) | 1 byte avail index |
 //! 12 bytes virtio_net_hdr | 1 byte frame count k (mod 4, +1) | k * 2 bytes frame
 //! lengths (LE) | one byte per avail ring entry (head index) | 6 bytes per descriptor
@@ -22,7 +23,7 @@ use crate::ring::host::HostMem;
 use crate::ring::rx::{write_frame, write_frame_in, RxError, RxFormat, RxScratch, Source};
 use crate::ring::rx::{MAX_CHAINS_PER_FRAME, MAX_DESCS_PER_FRAME};
 use crate::ring::split::{walk_chain, SplitRing, WalkEnd};
-use crate::ring::tx::{TxBatch, TxError, MAX_FRAME, MIN_FRAME, ONE_COPY_HEAD};
+use crate::ring::tx::{GuestTail, TxBatch, TxError, MAX_FRAME, MIN_FRAME, ONE_COPY_HEAD};
 use crate::ring::vq::Vq;
 use crate::ring::GuestMem;
 use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
@@ -31,6 +32,8 @@ use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 pub const MEM_END: u64 = 0x10000;
 /// The unmapped hole.
 pub const HOLE: std::ops::Range<u64> = 0xc000..0xd000;
+/// Where deferred RX frames come from: another guest's memory (128 KiB).
+const SENDER: u64 = 0x100000;
 /// Where the input's trailing bytes go: indirect tables live there.
 pub const DATA: u64 = 0x4000;
 /// Bytes before the avail ring entries.
@@ -557,6 +560,7 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
     let used_base = ring.used;
     let used_end = ring.end();
     let mut scratch = RxScratch::default();
+    let sender = GuestMem::from_ranges(&[(GuestAddress(SENDER), 0x20000)]).unwrap();
     for (fi, &len) in lens.iter().enumerate() {
         let frame = pattern(fi * 13, len);
         // Split the frame in two parts to cover the source walk.
@@ -576,7 +580,26 @@ fn rx(ring: &Ring, m: &GuestMem, q: &mut Queue, mode: Mode, hdr: &VirtioNetHdr, 
         let r = if mode.deferred {
             let hm = HostMem::new(m);
             let mut vq = Vq::of(q, false);
-            let src = Source::Own(&parts);
+            // The frame as another guest sends it: its first part copied out, the
+            // rest in two pieces of the sender's memory.
+            let rest = &frame[cut..];
+            let mid = rest.len() / 2;
+            let far = SENDER + 0x10000;
+            sender
+                .write_slice(&rest[..mid], GuestAddress(SENDER))
+                .unwrap();
+            sender.write_slice(&rest[mid..], GuestAddress(far)).unwrap();
+            let pieces = [(SENDER, mid as u32), (far, (rest.len() - mid) as u32)];
+            let tail = GuestTail {
+                mem: &sender,
+                pieces: &pieces,
+                len: rest.len(),
+            };
+            let head = [&frame[..cut]];
+            let src = Source::Guest {
+                head: &head,
+                tail: &tail,
+            };
             let r = write_frame_in(&mut vq, &hm, &mut scratch, hdr, fmt, src, false);
             let Vq::Split { ring: split, .. } = &vq else {
                 unreachable!("a split ring")
