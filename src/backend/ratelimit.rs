@@ -97,6 +97,18 @@ impl Default for LogLimit {
     }
 }
 
+/// What a byte rate says of a frame (`ByteRate::admit_at`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RateAdmit {
+    /// It goes, charged.
+    Now,
+    /// It goes, charged; the bucket was in debt, paid off after this long: its
+    /// sender waits that long before the next frame.
+    After(Duration),
+    /// It does not go (in debt, and its sender may not wait); nothing charged.
+    Refused,
+}
+
 /// A byte rate with debt (`rate=MBIT,burst=KB`): a frame is always let through and
 /// charged in full, and the sender waits while the bucket is in debt. So a frame larger
 /// than the burst still passes, and the average stays at the rate.
@@ -123,6 +135,24 @@ impl ByteRate {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let tokens = self.refilled(*s, now);
         *s = (tokens - bytes as f64, now);
+    }
+
+    /// `wait_at` and `charge_at` under one hold of the bucket: a frame of `bytes`
+    /// goes at `now` unless the bucket is in debt and its sender may not wait
+    /// (`may_wait`), and is charged if it goes.
+    pub fn admit_at(&self, bytes: u64, now: Instant, may_wait: bool) -> RateAdmit {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let tokens = self.refilled(*s, now);
+        if tokens >= 0.0 {
+            *s = (tokens - bytes as f64, now);
+            return RateAdmit::Now;
+        }
+        if !may_wait {
+            *s = (tokens, now);
+            return RateAdmit::Refused;
+        }
+        *s = (tokens - bytes as f64, now);
+        RateAdmit::After(Duration::from_secs_f64(-tokens / self.rate))
     }
 
     /// `None`: the sender may go on at `now`; else how long until the debt is paid.
@@ -176,6 +206,26 @@ mod tests {
         assert_eq!(r.wait_at(t0 + Duration::from_secs(60)), None);
         r.charge_at(1, t0 + Duration::from_secs(60));
         assert!(r.wait_at(t0 + Duration::from_secs(60)).is_some());
+    }
+
+    #[test]
+    fn a_frame_is_admitted_charged_held_or_refused_as_the_debt_and_its_sender_allow() {
+        // 8 Mbit/s = 1,000,000 bytes/s, 1 KiB burst.
+        let r = ByteRate::new(8, 1);
+        let t0 = Instant::now();
+        // Out of debt: it goes at once, charged in full (63 KiB of debt left).
+        assert_eq!(r.admit_at(65536, t0, false), RateAdmit::Now);
+        // In debt: refused and not charged for a sender that cannot wait...
+        assert_eq!(r.admit_at(1000, t0, false), RateAdmit::Refused);
+        assert_eq!(r.wait_at(t0).expect("in debt").as_micros(), 64512);
+        // ...let through and charged for one that can: it waits off the debt as it
+        // stood before this frame.
+        let w = Duration::from_micros(64512);
+        assert_eq!(r.admit_at(1000, t0, true), RateAdmit::After(w));
+        assert_eq!(r.wait_at(t0).expect("in debt").as_micros(), 65512);
+        // Paid off: it goes again.
+        let later = t0 + Duration::from_micros(65512);
+        assert_eq!(r.admit_at(10, later, false), RateAdmit::Now);
     }
 
     #[test]

@@ -3,9 +3,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::backend::ratelimit::ByteRate;
+use crate::backend::ratelimit::{ByteRate, RateAdmit};
 use crate::backend::switch::deliver::Destination;
 use crate::backend::switch::{stable, SwitchPort, SwitchUplink};
 use crate::features::Caps;
@@ -63,13 +63,10 @@ impl Destination for Recorder {
     fn gro(&self) -> bool {
         self.gro
     }
-    fn rx_wait(&self) -> Option<Duration> {
-        self.rx_rate.as_ref()?.wait_at(Instant::now())
-    }
-    fn rx_charge(&self, wire: usize) {
-        if let Some(r) = &self.rx_rate {
-            r.charge_at(wire as u64, Instant::now());
-        }
+    fn rx_rate(&self, wire: usize, may_wait: bool) -> RateAdmit {
+        self.rx_rate.as_ref().map_or(RateAdmit::Now, |r| {
+            r.admit_at(wire as u64, Instant::now(), may_wait)
+        })
     }
     fn send(&self, _: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
         if self.full.load(Relaxed) {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::write_batch::WriteBatch;
 use super::{SwitchPort, SwitchUplink};
+use crate::backend::ratelimit::RateAdmit;
 use crate::features::Caps;
 use crate::frame::Frame;
 use crate::ring::tx::GuestTail;
@@ -28,12 +29,12 @@ pub trait Destination {
     fn gro(&self) -> bool {
         false
     }
-    /// `rx_rate=`: `None` while it may receive; else how long until it may again.
-    fn rx_wait(&self) -> Option<Duration> {
-        None
+    /// Its `rx_rate=` on a frame of `wire` bytes (`ByteRate::admit_at`): charged
+    /// if it goes; refused if the rate is in debt and the sender may not wait
+    /// (`may_wait`).
+    fn rx_rate(&self, _wire: usize, _may_wait: bool) -> RateAdmit {
+        RateAdmit::Now
     }
-    /// Charges `wire` bytes delivered to it to its `rx_rate=`.
-    fn rx_charge(&self, _wire: usize) {}
     /// Hands over one frame through queue `queue`; on failure, why.
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason>;
     /// Whether it can take, through `queue` now, a one-copy frame as it is: its
@@ -346,15 +347,17 @@ impl DeliverCtx {
     /// the sender waits before its next one) and drops the frame of one that
     /// cannot (`rate_limited`).
     pub fn rx_admit(&mut self, dst: &dyn Destination, frame: &Frame) -> bool {
-        if let Some(wait) = dst.rx_wait() {
-            if !self.can_hold {
-                dst.stats().drop(DropReason::RateLimited);
-                return false;
+        match dst.rx_rate(frame.wire_len(), self.can_hold) {
+            RateAdmit::Now => true,
+            RateAdmit::After(wait) => {
+                self.hold = self.hold.max(Some(wait));
+                true
             }
-            self.hold = self.hold.max(Some(wait));
+            RateAdmit::Refused => {
+                dst.stats().drop(DropReason::RateLimited);
+                false
+            }
         }
-        dst.rx_charge(frame.wire_len());
-        true
     }
 
     /// Offers `frame` for guest `port`'s queue `queue` to GRO. True: taken (it leaves

@@ -13,7 +13,7 @@ use super::packet::{PacketError, PacketSocket};
 use super::queue::{Doorbell, Home, QueueSlot, RoomBell};
 use super::tap::{Tap, TapError, TapOptions};
 use super::{Uplink, UplinkDevice};
-use crate::backend::ratelimit::ByteRate;
+use crate::backend::ratelimit::{ByteRate, RateAdmit};
 use crate::backend::switch::deliver::Destination;
 use crate::backend::switch::write_batch::WireHdr;
 use crate::backend::switch::SwitchUplink;
@@ -103,13 +103,9 @@ impl<D: UplinkDevice> DeviceUplink<D> {
     /// (charged if so); over the limit it is dropped at the tail.
     pub(super) fn admit(&self, wire: usize) -> bool {
         let rate = self.rate.read().unwrap_or_else(|e| e.into_inner());
-        let Some(r) = rate.as_ref() else { return true };
-        let now = std::time::Instant::now();
-        if r.wait_at(now).is_some() {
-            return false;
-        }
-        r.charge_at(wire as u64, now);
-        true
+        rate.as_ref().is_none_or(|r| {
+            r.admit_at(wire as u64, std::time::Instant::now(), false) == RateAdmit::Now
+        })
     }
 
     /// The header the device takes in front of a frame sent with `hdr`.
@@ -145,17 +141,11 @@ impl<D: UplinkDevice> Destination for DeviceUplink<D> {
         self.with_cfg(|c| c.max_burst)
     }
 
-    fn rx_wait(&self) -> Option<std::time::Duration> {
+    fn rx_rate(&self, wire: usize, may_wait: bool) -> RateAdmit {
         let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
-        r.as_ref()
-            .and_then(|r| r.wait_at(std::time::Instant::now()))
-    }
-
-    fn rx_charge(&self, wire: usize) {
-        let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(r) = r.as_ref() {
-            r.charge_at(wire as u64, std::time::Instant::now());
-        }
+        r.as_ref().map_or(RateAdmit::Now, |r| {
+            r.admit_at(wire as u64, std::time::Instant::now(), may_wait)
+        })
     }
 
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {

@@ -18,7 +18,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::coalesce::{Announce, RxCoalesce};
 use super::pace::{Admit, Pacer};
-use crate::backend::ratelimit::{ByteRate, LogLimit, TokenBucket};
+use crate::backend::ratelimit::{ByteRate, LogLimit, RateAdmit, TokenBucket};
 use crate::backend::switch::backpressure::StallClock;
 use crate::backend::switch::deliver::{send_each, Destination, SegmentCharge};
 use crate::backend::switch::run::RunFrame;
@@ -911,23 +911,14 @@ impl Destination for Port {
         self.gro.load(Ordering::Relaxed)
     }
 
-    fn rx_wait(&self) -> Option<std::time::Duration> {
+    fn rx_rate(&self, wire: usize, may_wait: bool) -> RateAdmit {
         if !self.rx_limited.load(Ordering::Acquire) {
-            return None;
+            return RateAdmit::Now;
         }
         let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
-        r.as_ref()
-            .and_then(|(_, b)| b.wait_at(std::time::Instant::now()))
-    }
-
-    fn rx_charge(&self, wire: usize) {
-        if !self.rx_limited.load(Ordering::Acquire) {
-            return;
-        }
-        let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, b)) = r.as_ref() {
-            b.charge_at(wire as u64, std::time::Instant::now());
-        }
+        r.as_ref().map_or(RateAdmit::Now, |(_, b)| {
+            b.admit_at(wire as u64, std::time::Instant::now(), may_wait)
+        })
     }
 
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
