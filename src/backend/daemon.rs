@@ -1188,7 +1188,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
     for p in &ports {
         info!(port = %p.name(), mode = if p.cfg.client { "client" } else { "server" }, queues = p.cfg.queues, "port ready");
     }
-    info!(control = %cfg.control.display(), "control socket ready");
+    let control_path = cfg.control.display().to_string();
     let members = Arc::new(RwLock::new(Members {
         ports,
         uplinks: uplinks.into_iter().enumerate().collect(),
@@ -1232,6 +1232,8 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         Ok(false) => {}
         Err(e) => warn!("cannot notify the service manager (NOTIFY_SOCKET): {e}"),
     }
+    // Last, so that whoever waits for this line finds SIGTERM handled.
+    info!(control = %control_path, "control socket ready");
     control::server::serve_shared(control_listener, registry);
     Ok(())
 }
