@@ -458,6 +458,27 @@ impl Writable<'_> {
         Ok(())
     }
 
+    /// Bytes in the range.
+    pub fn size(&self) -> usize {
+        self.span.len
+    }
+
+    /// `write_at` for an array: one move of known size, no call.
+    #[inline(always)]
+    pub fn write_array_at<const N: usize>(
+        &self,
+        off: usize,
+        src: &[u8; N],
+    ) -> Result<(), BadRange> {
+        if let Some(bad) = self.outside(off, N) {
+            return Err(bad);
+        }
+        // SAFETY: as `write_at`'s: `off + N` bytes from the span's start are mapped
+        // and gsonet's own array never overlaps guest memory.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.span.host.add(off), N) };
+        Ok(())
+    }
+
     /// Copies `len` bytes from guest `src_addr` in `src` (another guest's memory, or
     /// this one's) to `off` bytes into the range, with no copy in between.
     pub fn copy_from_guest_at(

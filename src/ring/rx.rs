@@ -13,7 +13,7 @@ use super::split::{Desc, WalkEnd};
 use super::tx::GuestTail;
 use super::vq::{Head, Vq};
 use crate::stats::DropReason;
-use crate::vnet_hdr::VirtioNetHdr;
+use crate::vnet_hdr::{VirtioNetHdr, HDR_LEN};
 
 /// Most RX chains one frame may take (MRG_RXBUF): a guest posting tiny buffers
 /// cannot make one frame cost more than this.
@@ -167,7 +167,7 @@ pub fn write_frame_in(
                 addr: d.addr,
                 need,
             };
-            return fill_one(ring, hm, one, &hdr_bytes[..fmt.hdr_len], src, publish);
+            return fill_one(ring, hm, one, (&hdr_bytes, fmt.hdr_len), src, publish);
         }
     }
 
@@ -265,7 +265,7 @@ pub fn write_frame_in(
             addr: *addr,
             need,
         };
-        return fill_one(ring, hm, one, &hdr_bytes[..fmt.hdr_len], src, publish);
+        return fill_one(ring, hm, one, (&hdr_bytes, fmt.hdr_len), src, publish);
     }
 
     // Copy, descriptor by descriptor, remembering how much each chain received.
@@ -471,7 +471,7 @@ fn fill_one(
     ring: &mut Vq,
     hm: &HostMem<'_>,
     one: OneBuffer<'_>,
-    hdr: &[u8],
+    hdr: (&[u8; HDR_LEN], usize),
     src: Source<'_>,
     publish: bool,
 ) -> Result<usize, RxError> {
@@ -488,14 +488,14 @@ fn fill_one(
     Ok(1)
 }
 
-/// Writes the header, then the frame (`need` bytes in all), into the one buffer at
-/// `addr` that holds both: translated once when it lies in one region (nearly
-/// always), else range by range.
+/// Writes the header (its first `hdr.1` bytes), then the frame (`need` bytes in
+/// all), into the one buffer at `addr` that holds both: translated once when it
+/// lies in one region (nearly always), else range by range.
 fn write_one_buffer(
     hm: &HostMem<'_>,
     addr: u64,
     need: usize,
-    hdr: &[u8],
+    hdr: (&[u8; HDR_LEN], usize),
     src: Source<'_>,
 ) -> Result<(), BadRange> {
     match hm.writable(addr, need) {
@@ -507,6 +507,10 @@ fn write_one_buffer(
 /// Where `write_into` writes: a buffer found in one region, or guest ranges.
 trait Sink {
     fn put(&self, off: usize, bytes: &[u8]) -> Result<(), BadRange>;
+    /// Writes the first `len` bytes of `hdr` at the start.
+    fn put_hdr(&self, hdr: &[u8; HDR_LEN], len: usize) -> Result<(), BadRange> {
+        self.put(0, &hdr[..len])
+    }
     fn put_guest(&self, off: usize, from: &HostMem<'_>, a: u64, len: usize)
         -> Result<(), BadRange>;
 }
@@ -514,6 +518,15 @@ trait Sink {
 impl Sink for Writable<'_> {
     fn put(&self, off: usize, bytes: &[u8]) -> Result<(), BadRange> {
         self.write_at(off, bytes)
+    }
+    /// All of `hdr` in one move of known size where the range holds it, even for
+    /// a 10-byte header: what follows the header is written next, over the rest.
+    fn put_hdr(&self, hdr: &[u8; HDR_LEN], len: usize) -> Result<(), BadRange> {
+        if self.size() >= HDR_LEN {
+            self.write_array_at(0, hdr)
+        } else {
+            self.write_at(0, &hdr[..len])
+        }
     }
     fn put_guest(
         &self,
@@ -548,10 +561,15 @@ impl Sink for Ranges<'_, '_> {
     }
 }
 
-/// Writes `hdr`, then `src`'s bytes, one after another into `to`.
-fn write_into(to: &impl Sink, hdr: &[u8], src: Source<'_>) -> Result<(), BadRange> {
-    to.put(0, hdr)?;
-    let mut at = hdr.len();
+/// Writes `hdr` (its first `hdr.1` bytes), then `src`'s bytes, one after another
+/// into `to`.
+fn write_into(
+    to: &impl Sink,
+    (hdr, hdr_len): (&[u8; HDR_LEN], usize),
+    src: Source<'_>,
+) -> Result<(), BadRange> {
+    to.put_hdr(hdr, hdr_len)?;
+    let mut at = hdr_len;
     let own = |at: &mut usize, parts: &[&[u8]]| {
         parts.iter().try_for_each(|p| {
             to.put(*at, p)?;
