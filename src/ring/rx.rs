@@ -158,13 +158,13 @@ pub fn write_frame_in(
 
     if avail > 0 && (scratch.spread_from == 0 || need <= scratch.spread_from) {
         // The common case first: the next buffer alone holds the frame.
-        if let Some((head, d)) = ring.take_single_writable(hm, need) {
+        if let Some((head, addr)) = ring.take_single_writable(hm, need) {
             let mut out = *hdr;
             out.num_buffers = 1;
             let hdr_bytes = out.to_bytes();
             let one = OneBuffer {
                 head: &head,
-                addr: d.addr,
+                addr,
                 need,
             };
             return fill_one(ring, hm, one, (&hdr_bytes, fmt.hdr_len), src, publish);
@@ -347,7 +347,7 @@ fn spread_over_lone_buffers(
             avail = ring.pending_fresh(hm).unwrap_or(0);
         }
         let taken = (avail > 0 && bufs.len() < MAX_CHAINS_PER_FRAME)
-            .then(|| ring.take_single_writable(hm, 1))
+            .then(|| ring.take_lone_writable(hm))
             .flatten();
         let Some((head, d)) = taken else {
             if let Some((first, _)) = bufs.first() {

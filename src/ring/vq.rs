@@ -286,12 +286,25 @@ impl Vq {
         }
     }
 
-    /// The next buffer, taken if it is one device-writable descriptor of at least
-    /// `need` bytes (`take_single_writable` of either layout): its head and its
-    /// descriptor. `None` (nothing taken) otherwise. On a split ring the caller has
-    /// seen a chain available (`pending_cached`, `pending_fresh`).
+    /// The next buffer, taken if it is one device-writable descriptor that holds
+    /// `need` bytes (`take_single_writable` of either layout): its head and the
+    /// buffer's address. `None` (nothing taken) otherwise. On a split ring the
+    /// caller has seen a chain available (`pending_cached`, `pending_fresh`).
     #[inline]
-    pub fn take_single_writable(&mut self, hm: &HostMem<'_>, need: usize) -> Option<(Head, Desc)> {
+    pub fn take_single_writable(&mut self, hm: &HostMem<'_>, need: usize) -> Option<(Head, u64)> {
+        self.take_writable(hm, need).map(|(head, d)| (head, d.addr))
+    }
+
+    /// `take_single_writable` of any length but 0, with the buffer's descriptor:
+    /// one of the buffers a frame spreads over. Out of line, so that the one-buffer
+    /// path keeps its own inlined copy.
+    #[inline(never)]
+    pub fn take_lone_writable(&mut self, hm: &HostMem<'_>) -> Option<(Head, Desc)> {
+        self.take_writable(hm, 1)
+    }
+
+    #[inline(always)]
+    fn take_writable(&mut self, hm: &HostMem<'_>, need: usize) -> Option<(Head, Desc)> {
         match self {
             Vq::Split { ring, pending } => {
                 let at = ring.next_avail.0;
@@ -466,8 +479,8 @@ impl Vq {
     }
 }
 
-/// `Vq::take_single_writable` on a packed ring. Out of line: the split ring's is
-/// the one callers inline.
+/// `Vq::take_writable` on a packed ring. Out of line: the split ring's is the one
+/// callers inline.
 #[inline(never)]
 fn packed_single_writable(
     ring: &mut PackedRing,
