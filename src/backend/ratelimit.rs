@@ -143,16 +143,17 @@ impl ByteRate {
     pub fn admit_at(&self, bytes: u64, now: Instant, may_wait: bool) -> RateAdmit {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let tokens = self.refilled(*s, now);
-        if tokens >= 0.0 {
-            *s = (tokens - bytes as f64, now);
-            return RateAdmit::Now;
-        }
-        if !may_wait {
+        let in_debt = tokens < 0.0;
+        if in_debt && !may_wait {
             *s = (tokens, now);
             return RateAdmit::Refused;
         }
         *s = (tokens - bytes as f64, now);
-        RateAdmit::After(Duration::from_secs_f64(-tokens / self.rate))
+        if in_debt {
+            RateAdmit::After(Duration::from_secs_f64(-tokens / self.rate))
+        } else {
+            RateAdmit::Now
+        }
     }
 
     /// `None`: the sender may go on at `now`; else how long until the debt is paid.

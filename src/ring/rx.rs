@@ -241,7 +241,7 @@ pub fn write_frame_in(
             // be returned: it is skipped.)
             scratch.descs.truncate(start);
             scratch.chains.push((head, 0));
-            return_unused(ring, hm, &scratch.chains);
+            return_unused(ring, hm, scratch.chains.iter().map(|(h, _)| h));
             return Err(e);
         }
         scratch.chains.push((head, scratch.descs.len() - start));
@@ -299,7 +299,7 @@ pub fn write_frame_in(
             }
         });
     if copied.is_err() {
-        return_unused(ring, hm, chains);
+        return_unused(ring, hm, chains.iter().map(|(h, _)| h));
         return Err(RxError::BadAddress);
     }
     // Every entry first, then the index once, past all of them: the guest (or a
@@ -375,10 +375,7 @@ fn spread_over_lone_buffers(
         }
     });
     if copied.is_err() {
-        for (head, _) in bufs.iter() {
-            ring.put_used(hm, head, 0);
-        }
-        ring.publish_used(hm);
+        return_unused(ring, hm, bufs.iter().map(|(h, _)| h));
         return Some(Err(RxError::BadAddress));
     }
     let base = ring.used_pos();
@@ -650,8 +647,8 @@ where
 }
 
 /// Hands back claimed chains with nothing written, and publishes them.
-fn return_unused(ring: &mut Vq, hm: &HostMem<'_>, chains: &[(Head, usize)]) {
-    for (head, _) in chains {
+fn return_unused<'h>(ring: &mut Vq, hm: &HostMem<'_>, heads: impl IntoIterator<Item = &'h Head>) {
+    for head in heads {
         ring.put_used(hm, head, 0);
     }
     ring.publish_used(hm);
