@@ -256,6 +256,30 @@ impl Vq {
         }
     }
 
+    /// Before frames are written: starts fetching owned the first lines of the
+    /// buffers `skip..skip + n` places ahead, and of their used entries
+    /// (`SplitRing::prefetch_writes`, `PackedRing::prefetch_writes`).
+    #[inline]
+    pub fn prefetch_writes(&mut self, hm: &HostMem<'_>, skip: usize, n: usize) {
+        match self {
+            Vq::Split { ring, pending } => {
+                let have = usize::from(pending.unwrap_or(0));
+                let n = n.min(have.saturating_sub(skip));
+                if n > 0 {
+                    ring.prefetch_writes(hm, skip as u16, n as u16);
+                }
+            }
+            Vq::Packed { ring, .. } => {
+                if skip
+                    .checked_add(n)
+                    .is_some_and(|end| end <= usize::from(ring.size))
+                {
+                    ring.prefetch_writes(hm, skip as u16, n as u16);
+                }
+            }
+        }
+    }
+
     /// `pending_cached`, read anew.
     #[inline]
     pub fn pending_fresh(&mut self, hm: &HostMem<'_>) -> Option<u16> {

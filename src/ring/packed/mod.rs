@@ -345,6 +345,27 @@ impl PackedRing {
         }
     }
 
+    /// `SplitRing::prefetch_writes` for a packed ring: the buffers of the
+    /// descriptors `skip..skip + n` slots past `next_avail` that are available
+    /// and device-writable (an RX buffer of one descriptor takes one slot), and
+    /// those slots, where their used entries go.
+    pub fn prefetch_writes(&self, hm: &HostMem<'_>, skip: u16, n: u16) {
+        if !self.in_ring(self.next_avail) || n > self.size || skip > self.size - n {
+            return;
+        }
+        for i in skip..skip + n {
+            let at = self.next_avail.advance(i, self.size);
+            let Some(d) = hm.read_array::<16>(self.slot(at.idx)) else {
+                return;
+            };
+            let d = PackedDesc::parse(d);
+            if is_avail(d.flags, at.wrap) && d.flags & VRING_DESC_F_WRITE as u16 != 0 {
+                hm.prefetch_write(d.addr, d.len as usize);
+                hm.prefetch_write(self.slot(at.idx), DESC_SIZE as usize);
+            }
+        }
+    }
+
     /// Takes the next available buffer if it is one device-writable descriptor of
     /// at least `need` bytes, the common RX buffer: `next_avail` moved past its
     /// slot; its position, buffer id and descriptor returned. Any other buffer is

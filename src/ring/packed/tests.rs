@@ -917,3 +917,36 @@ fn a_ring_outside_memory_is_broken_not_a_crash() {
         }
     );
 }
+
+/// A prefetch ahead takes nothing and changes no position, whatever the slots
+/// hold: buffers outside guest memory or as long as can be, a device-readable one,
+/// and positions past the end of the ring.
+#[test]
+fn prefetching_ahead_takes_nothing_from_any_ring() {
+    let m = mem();
+    let h = HostMem::new(&m);
+    let mut d = Driver::new(&m, RING, 8);
+    d.add(&m, &[(u64::MAX - 8, 64, true)]);
+    d.add(&m, &[(BUFS, u32::MAX, true)]);
+    d.add(&m, &[buf(2, 64, false)]);
+    d.add(&m, &[buf(3, 64, true)]);
+    let r = ring_of(&d, false);
+    let (avail, used) = (r.next_avail, r.next_used);
+    for (skip, n) in [
+        (0, 4),
+        (0, 8),
+        (7, 1),
+        (3, 6),
+        (8, 1),
+        (u16::MAX, 2),
+        (0, u16::MAX),
+    ] {
+        r.prefetch_writes(&h, skip, n);
+    }
+    assert_eq!((r.next_avail, r.next_used), (avail, used));
+    let mut out = Vec::new();
+    assert_eq!(
+        r.clone().pop(&h, 8, &mut out).map(|p| p.at),
+        Some(Pos::START)
+    );
+}
