@@ -12,6 +12,7 @@
 //! and whenever the batch's time is read again, so it never outlives that time).
 
 use super::Endpoint;
+use crate::frame::Frame;
 use crate::l2::{Mac, Tag};
 use crate::vnet_hdr::VirtioNetHdr;
 
@@ -32,6 +33,51 @@ pub struct JoinKey {
     pub generation: u64,
 }
 
+impl JoinKey {
+    /// The key of `frame` from `src`'s `queue`, routed by the topology of serial
+    /// `topology` and the table of generation `generation`.
+    pub fn of(
+        topology: u64,
+        src: Endpoint,
+        queue: usize,
+        frame: &Frame,
+        generation: u64,
+    ) -> JoinKey {
+        JoinKey {
+            topology,
+            src,
+            queue,
+            from: frame.src,
+            to: frame.dst,
+            tag: frame.tag,
+            hdr: frame.hdr,
+            one_copy: frame.guest.is_some(),
+            generation,
+        }
+    }
+
+    /// Whether this is the key `JoinKey::of` would make, compared where the
+    /// fields lie: no key is made for a frame that finds its decision.
+    fn is_of(
+        &self,
+        topology: u64,
+        src: Endpoint,
+        queue: usize,
+        frame: &Frame,
+        generation: u64,
+    ) -> bool {
+        self.topology == topology
+            && self.generation == generation
+            && self.src == src
+            && self.queue == queue
+            && self.to == frame.dst
+            && self.from == frame.src
+            && self.tag == frame.tag
+            && self.one_copy == frame.guest.is_some()
+            && self.hdr == frame.hdr
+    }
+}
+
 /// Where such a frame goes: the guest port at `slot` of the topology's ports
 /// (endpoint `dst`), with the RX header `hdr`.
 #[derive(Clone, Copy)]
@@ -46,8 +92,20 @@ pub struct Joined {
 pub struct JoinMemo(Option<(JoinKey, Joined)>);
 
 impl JoinMemo {
-    pub fn get(&self, key: &JoinKey) -> Option<Joined> {
-        self.0.as_ref().filter(|(k, _)| k == key).map(|(_, j)| *j)
+    /// The decision for the frame whose key `JoinKey::of` makes of the same
+    /// arguments, if it is the one kept.
+    pub fn get(
+        &self,
+        topology: u64,
+        src: Endpoint,
+        queue: usize,
+        frame: &Frame,
+        generation: u64,
+    ) -> Option<Joined> {
+        self.0
+            .as_ref()
+            .filter(|(k, _)| k.is_of(topology, src, queue, frame, generation))
+            .map(|(_, j)| *j)
     }
 
     pub fn set(&mut self, key: JoinKey, joined: Joined) {

@@ -758,21 +758,14 @@ impl Switch {
             };
         }
         let now = ctx.now();
-        let key = JoinKey {
-            topology: topo.serial,
-            src,
-            queue,
-            from: frame.src,
-            to: frame.dst,
-            tag: frame.tag,
-            hdr: frame.hdr,
-            one_copy: frame.guest.is_some(),
-            generation: self.fdb_changes.load(Acquire),
-        };
+        let generation = self.fdb_changes.load(Acquire);
         // Waiting frames for the guest come first: such a frame is routed to go
         // after them.
         let waits = |run: &mut Run, dst| run.held().is_some_and(|h| h.has_for(dst));
-        if let Some(j) = ctx.join_memo.get(&key) {
+        if let Some(j) = ctx
+            .join_memo
+            .get(topo.serial, src, queue, frame, generation)
+        {
             if !waits(run, j.dst) {
                 return Self::join(&topo.ports[j.slot].port, j, frame, bytes, queue, ctx, run);
             }
@@ -787,6 +780,7 @@ impl Switch {
         };
         match joins {
             Some(j) => {
+                let key = JoinKey::of(topo.serial, src, queue, frame, generation);
                 ctx.join_memo.set(key, j);
                 Self::join(&topo.ports[j.slot].port, j, frame, bytes, queue, ctx, run);
             }
