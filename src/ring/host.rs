@@ -309,23 +309,6 @@ impl<'a> HostMem<'a> {
         Ok(())
     }
 
-    /// `prefetch` for a write: the lines are fetched owned, so that the stores
-    /// into them (an RX buffer the frontend's CPU last touched) find them so
-    /// rather than each waiting for its line, with every store after it.
-    #[inline]
-    pub fn prefetch_write(&self, addr: u64, len: usize) {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(s) = self.span(addr, len.min(PREFETCH_BYTES)) {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
-            let mut off = 0;
-            while off < s.len {
-                // SAFETY: as `prefetch`'s: a hint that never faults or writes.
-                unsafe { _mm_prefetch::<_MM_HINT_ET0>(s.host.add(off) as *const i8) };
-                off += CACHE_LINE;
-            }
-        }
-    }
-
     /// Asks the CPU to start loading the first cache lines of guest
     /// `[addr, addr + len)`, so that a copy later in the batch finds them near
     /// instead of waiting for each frame's lines in turn. Only a hint: nothing is

@@ -311,10 +311,11 @@ impl SplitRing {
         Some((head, d))
     }
 
-    /// Starts fetching, owned, the first lines of the available buffers `skip..skip +
-    /// n` places past the next (the caller has seen them available) and of their
-    /// used elements, ahead of the frames written into them: their lines were last
-    /// written by the frontend's CPU. Only hints; nothing is taken.
+    /// Starts loading the first lines of the available buffers `skip..skip + n`
+    /// places past the next (the caller has seen them available) and of their used
+    /// elements, ahead of the frames written into them: their lines were last
+    /// written by the frontend's CPU. Only hints (`HostMem::prefetch`); nothing is
+    /// taken.
     pub fn prefetch_writes(&self, hm: &HostMem<'_>, skip: u16, n: u16) {
         for i in skip..skip.saturating_add(n) {
             let slot = self.slot(self.next_avail + Wrapping(i));
@@ -325,13 +326,13 @@ impl SplitRing {
             if head < self.size {
                 if let Some(d) = hm.read_array::<16>(self.desc + u64::from(head) * DESC_SIZE) {
                     let d = Desc::parse(d);
-                    hm.prefetch_write(d.addr, d.len as usize);
+                    hm.prefetch(d.addr, d.len as usize);
                 }
             }
             // A used element's line once, from its first element on.
             let used = self.used_elem(self.next_used + Wrapping(i));
             if i == skip || used % 64 < USED_ELEM {
-                hm.prefetch_write(used, USED_ELEM as usize);
+                hm.prefetch(used, USED_ELEM as usize);
             }
         }
     }

@@ -256,8 +256,8 @@ impl Vq {
         }
     }
 
-    /// Before frames are written: starts fetching owned the first lines of the
-    /// buffers `skip..skip + n` places ahead, and of their used entries
+    /// Before frames are written: starts loading the first lines of the buffers
+    /// `skip..skip + n` places ahead, and of their used entries
     /// (`SplitRing::prefetch_writes`, `PackedRing::prefetch_writes`).
     #[inline]
     pub fn prefetch_writes(&mut self, hm: &HostMem<'_>, skip: usize, n: usize) {

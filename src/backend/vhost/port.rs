@@ -729,7 +729,7 @@ impl Port {
         // store for the batch, not one per frame on a line the guest polls.
         let mut written = 0;
         let mut full = false;
-        // Each buffer's lines are asked for owned `RX_PREFETCH_AHEAD` frames before
+        // Each buffer's first lines are asked for `RX_PREFETCH_AHEAD` frames before
         // its frame is written.
         let mut left = frames.size_hint().0;
         ring.prefetch_writes(&hm, 0, left.min(RX_PREFETCH_AHEAD));

@@ -360,8 +360,8 @@ impl PackedRing {
             };
             let d = PackedDesc::parse(d);
             if is_avail(d.flags, at.wrap) && d.flags & VRING_DESC_F_WRITE as u16 != 0 {
-                hm.prefetch_write(d.addr, d.len as usize);
-                hm.prefetch_write(self.slot(at.idx), DESC_SIZE as usize);
+                hm.prefetch(d.addr, d.len as usize);
+                hm.prefetch(self.slot(at.idx), DESC_SIZE as usize);
             }
         }
     }
