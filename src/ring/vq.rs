@@ -270,11 +270,9 @@ impl Vq {
                 }
             }
             Vq::Packed { ring, .. } => {
-                if skip
-                    .checked_add(n)
-                    .is_some_and(|end| end <= usize::from(ring.size))
-                {
-                    ring.prefetch_writes(hm, skip as u16, n as u16);
+                // The ring checks the positions against its size.
+                if let (Ok(skip), Ok(n)) = (u16::try_from(skip), u16::try_from(n)) {
+                    ring.prefetch_writes(hm, skip, n);
                 }
             }
         }

@@ -347,8 +347,8 @@ impl PackedRing {
 
     /// `SplitRing::prefetch_writes` for a packed ring: the buffers of the
     /// descriptors `skip..skip + n` slots past `next_avail` that are available
-    /// and device-writable (an RX buffer of one descriptor takes one slot), and
-    /// those slots, where their used entries go.
+    /// and device-writable (an RX buffer of one descriptor takes one slot). Each
+    /// slot, where its used entry goes, is loaded by reading it.
     pub fn prefetch_writes(&self, hm: &HostMem<'_>, skip: u16, n: u16) {
         if !self.in_ring(self.next_avail) || n > self.size || skip > self.size - n {
             return;
@@ -361,7 +361,6 @@ impl PackedRing {
             let d = PackedDesc::parse(d);
             if is_avail(d.flags, at.wrap) && d.flags & VRING_DESC_F_WRITE as u16 != 0 {
                 hm.prefetch(d.addr, d.len as usize);
-                hm.prefetch(self.slot(at.idx), DESC_SIZE as usize);
             }
         }
     }
