@@ -36,7 +36,7 @@ use crate::ring::GuestMem;
 use crate::stats::{Counters, DropReason};
 use crate::vnet_hdr::VirtioNetHdr;
 
-/// How many frames ahead of its write an RX buffer is asked for (`Vq::prefetch_writes`).
+/// How many buffers ahead of its write an RX buffer is asked for (`Vq::prefetch_writes`).
 const RX_PREFETCH_AHEAD: usize = 8;
 
 /// Segments a guest's GSO frames may cost per second, and in one burst: an honest
@@ -729,14 +729,12 @@ impl Port {
         // store for the batch, not one per frame on a line the guest polls.
         let mut written = 0;
         let mut full = false;
-        // Each buffer's first lines are asked for `RX_PREFETCH_AHEAD` frames before
-        // its frame is written.
+        // Each buffer's first lines are asked for `RX_PREFETCH_AHEAD` buffers before
+        // it is written: as many more as each frame took (several for a frame
+        // spread over buffers), while the run's frames still need them.
         let mut left = frames.size_hint().0;
         ring.prefetch_writes(&hm, 0, left.min(RX_PREFETCH_AHEAD));
         for (i, (hdr, src)) in frames.by_ref() {
-            if left > RX_PREFETCH_AHEAD {
-                ring.prefetch_writes(&hm, RX_PREFETCH_AHEAD, 1);
-            }
             left = left.saturating_sub(1);
             let mut r = rx::write_frame_in(&mut ring, &hm, scratch, hdr, fmt, src, false);
             if r == Err(RxError::NoBuffers) {
@@ -750,7 +748,13 @@ impl Port {
                 }
             }
             match r {
-                Ok(_) => written += 1,
+                Ok(took) => {
+                    written += 1;
+                    let took = took.min(RX_PREFETCH_AHEAD);
+                    if left.saturating_mul(took) > RX_PREFETCH_AHEAD {
+                        ring.prefetch_writes(&hm, RX_PREFETCH_AHEAD - took, took);
+                    }
+                }
                 Err(RxError::NoBuffers) => full = true,
                 Err(_) => {}
             }
