@@ -738,7 +738,12 @@ impl Switch {
     /// (`bytes`: the same bytes as `frame`'s): a frame that goes intact and as it is
     /// to one guest joins the sender's `run` for that guest's queue, written with
     /// the frames next to it; any other is delivered now, after the run.
+    ///
+    /// Inlined into the sender's loop: most frames find the decision of the frame
+    /// before them (`JoinMemo`) and join its run here; the rest are routed out of
+    /// line (`forward_routed`), whose frame and spills the common case does not pay.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn forward_in_run<'a>(
         &self,
         topo: &BatchTopology,
@@ -759,23 +764,45 @@ impl Switch {
         }
         let now = ctx.now();
         let generation = self.fdb_changes.load(Acquire);
-        // Waiting frames for the guest come first: such a frame is routed to go
-        // after them.
-        let waits = |run: &mut Run, dst| run.held().is_some_and(|h| h.has_for(dst));
         if let Some(j) = ctx
             .join_memo
             .get(topo.serial, src, queue, frame, generation)
         {
-            if !waits(run, j.dst) {
+            if !Self::waits(run, j.dst) {
                 return Self::join(&topo.ports[j.slot].port, j, frame, bytes, queue, ctx, run);
             }
         }
+        let at = (now, generation);
+        self.forward_routed(topo, src, queue, frame, bytes, at, ctx, run);
+    }
+
+    /// Whether the sender holds frames for `dst`: they come first, and a frame for
+    /// it is routed to go after them.
+    fn waits(run: &mut Run, dst: Endpoint) -> bool {
+        run.held().is_some_and(|h| h.has_for(dst))
+    }
+
+    /// `forward_in_run` for a frame the memo does not decide, at the batch's time
+    /// `now` and the table's `generation` (`at`).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn forward_routed<'a>(
+        &self,
+        topo: &Topology,
+        src: Endpoint,
+        queue: usize,
+        frame: &Frame,
+        bytes: Stable<'a>,
+        (now, generation): (Instant, u64),
+        ctx: &mut DeliverCtx,
+        run: &mut Run<'a>,
+    ) {
         let mut views = ViewBuf::default();
         let Some(route) = self.route(topo, src, frame, &mut views, now, &mut ctx.fdb_memo) else {
             return;
         };
         let joins = match route.unicast() {
-            Some(dst) if waits(run, dst) => None,
+            Some(dst) if Self::waits(run, dst) => None,
             _ => Self::joins_run(&route, queue, frame),
         };
         match joins {

@@ -523,10 +523,13 @@ impl Sender<'_> {
 
     /// `forward`, for a frame whose bytes (`bytes`) stay in the batch's arena and
     /// the guest's buffers until the batch ends: it may join the batch's `run`.
+    ///
+    /// The frame is borrowed where its check left it, not moved: a frame is some
+    /// 180 bytes, copied again at each call that takes it by value.
     fn forward_in_run<'a>(
         &self,
         topo: &BatchTopology,
-        checked: Result<Frame, DropReason>,
+        checked: &Result<Frame, DropReason>,
         bytes: Stable<'a>,
         ctx: &mut DeliverCtx,
         run: &mut Run<'a>,
@@ -536,9 +539,9 @@ impl Sender<'_> {
                 self.port.tx_charge(frame.wire_len());
                 let src = Endpoint::Port(self.port.id);
                 self.switch
-                    .forward_in_run(topo, src, self.pair, &frame, bytes, ctx, run)
+                    .forward_in_run(topo, src, self.pair, frame, bytes, ctx, run)
             }
-            Err(reason) => self.port.stats.drop(reason),
+            Err(reason) => self.port.stats.drop(*reason),
         }
     }
 }
@@ -590,7 +593,7 @@ fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
         if f.tail_len == 0 {
             s.forward_in_run(
                 &topo,
-                tx_frame(s.tx_caps, f.hdr, &head),
+                &tx_frame(s.tx_caps, f.hdr, &head),
                 stable,
                 ctx,
                 &mut run,
@@ -608,7 +611,7 @@ fn send_batch(s: &Sender, hm: &HostMem<'_>, w: &mut TxWorker) {
                     tail: Some(tail),
                     ..stable
                 };
-                s.forward_in_run(&topo, Ok(frame), stable, ctx, &mut run)
+                s.forward_in_run(&topo, &Ok(frame), stable, ctx, &mut run)
             }
             // Headers past the head, or a bad frame: judged again whole.
             Err(_) => {
