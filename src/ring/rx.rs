@@ -126,9 +126,14 @@ pub enum Source<'a> {
 
 impl Source<'_> {
     fn len(&self) -> usize {
+        // One part, as a run's frames come: no loop set up for it.
+        let sum = |parts: &[&[u8]]| match parts {
+            [one] => one.len(),
+            parts => parts.iter().map(|p| p.len()).sum(),
+        };
         match self {
-            Source::Own(parts) => parts.iter().map(|p| p.len()).sum(),
-            Source::Guest { head, tail } => head.iter().map(|p| p.len()).sum::<usize>() + tail.len,
+            Source::Own(parts) => sum(parts),
+            Source::Guest { head, tail } => sum(head) + tail.len,
         }
     }
 }
@@ -148,14 +153,10 @@ pub fn write_frame_in(
     publish: bool,
 ) -> Result<usize, RxError> {
     let need = fmt.hdr_len + src.len();
-    scratch.descs.clear();
-    scratch.chains.clear();
     ring.clear();
-    let Some(mut avail) = ring.pending_cached(hm) else {
+    let Some(avail) = ring.pending_cached(hm) else {
         return Err(RxError::BadChain);
     };
-    let qsize = usize::from(ring.size());
-
     if avail > 0 && (scratch.spread_from == 0 || need <= scratch.spread_from) {
         // The common case first: the next buffer alone holds the frame.
         if let Some((head, addr)) = ring.take_single_writable(hm, need) {
@@ -170,7 +171,26 @@ pub fn write_frame_in(
             return fill_one(ring, hm, one, (&hdr_bytes, fmt.hdr_len), src, publish);
         }
     }
+    let frame = (hdr, fmt, src, need);
+    write_spread(ring, hm, scratch, frame, avail, publish)
+}
 
+/// `write_frame_in` for a frame the next buffer alone does not take (`frame`: its
+/// header, the ring's format, its bytes and how many the buffers must hold), the
+/// ring having `avail` buffers: out of line, so the common case keeps a small
+/// frame.
+#[inline(never)]
+fn write_spread(
+    ring: &mut Vq,
+    hm: &HostMem<'_>,
+    scratch: &mut RxScratch,
+    (hdr, fmt, src, need): (&VirtioNetHdr, RxFormat, Source<'_>, usize),
+    mut avail: u16,
+    publish: bool,
+) -> Result<usize, RxError> {
+    scratch.descs.clear();
+    scratch.chains.clear();
+    let qsize = usize::from(ring.size());
     if fmt.mrg_rxbuf {
         if let Some(r) = spread_over_lone_buffers(ring, hm, scratch, hdr, fmt, src, avail, publish)
         {
