@@ -103,6 +103,7 @@ impl<'a> Run<'a> {
     /// Adds `frame` (sent with header `sent_hdr`) for queue `queue` of `port`
     /// (endpoint `dst`): after the run if it goes there too, else in a new run
     /// once this one has gone.
+    #[inline]
     pub fn push(
         &mut self,
         (port, dst): (&Arc<dyn SwitchPort>, Endpoint),
@@ -112,8 +113,7 @@ impl<'a> Run<'a> {
         ctx: &mut DeliverCtx,
     ) {
         if !self.goes_to(port, queue) {
-            self.flush(ctx);
-            self.to = Some((port.clone(), queue, dst));
+            self.start((port, dst), queue, ctx);
         }
         if let Some(held) = self.held.as_deref_mut() {
             held.note_took(dst);
@@ -124,6 +124,19 @@ impl<'a> Run<'a> {
         if self.frames.len() >= RUN_FRAMES || self.bytes >= RUN_BYTES {
             self.write(ctx);
         }
+    }
+
+    /// Sends the run on and starts one for queue `queue` of `port` (endpoint
+    /// `dst`): out of line, since most frames join the run before them.
+    #[inline(never)]
+    fn start(
+        &mut self,
+        (port, dst): (&Arc<dyn SwitchPort>, Endpoint),
+        queue: usize,
+        ctx: &mut DeliverCtx,
+    ) {
+        self.flush(ctx);
+        self.to = Some((port.clone(), queue, dst));
     }
 
     /// Writes the run's frames and forgets its queue.

@@ -343,15 +343,31 @@ impl Port {
             .and_then(|(_, b)| b.wait_at(std::time::Instant::now()))
     }
 
-    /// Charges `wire` bytes the guest sent to its `rate=`.
+    /// Charges `wire` bytes the guest sent to its `rate=`. Per frame: the check
+    /// inlined, the charge out of line.
+    #[inline]
     pub fn tx_charge(&self, wire: usize) {
-        if !self.tx_limited.load(Ordering::Acquire) {
-            return;
+        if self.tx_limited.load(Ordering::Acquire) {
+            self.tx_charge_limited(wire);
         }
+    }
+
+    #[inline(never)]
+    fn tx_charge_limited(&self, wire: usize) {
         let r = self.tx_rate.read().unwrap_or_else(|e| e.into_inner());
         if let Some((_, b)) = r.as_ref() {
             b.charge_at(wire as u64, std::time::Instant::now());
         }
+    }
+
+    /// `Destination::rx_rate` of a port with an `rx_rate=`: out of line, so the
+    /// check every frame makes stays small.
+    #[inline(never)]
+    fn rx_rate_limited(&self, wire: usize, may_wait: bool) -> RateAdmit {
+        let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
+        r.as_ref().map_or(RateAdmit::Now, |(_, b)| {
+            b.admit_at(wire as u64, std::time::Instant::now(), may_wait)
+        })
     }
 
     pub fn set_gro(&self, on: bool) {
@@ -930,10 +946,7 @@ impl Destination for Port {
         if !self.rx_limited.load(Ordering::Acquire) {
             return RateAdmit::Now;
         }
-        let r = self.rx_rate.read().unwrap_or_else(|e| e.into_inner());
-        r.as_ref().map_or(RateAdmit::Now, |(_, b)| {
-            b.admit_at(wire as u64, std::time::Instant::now(), may_wait)
-        })
+        self.rx_rate_limited(wire, may_wait)
     }
 
     fn send(&self, queue: usize, hdr: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
