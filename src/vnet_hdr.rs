@@ -71,6 +71,10 @@ impl GsoType {
     }
 
     pub fn from_raw(raw: u8) -> Result<Self, HdrError> {
+        if raw == GSO_NONE {
+            // Most frames: no table jump.
+            return Ok(GsoType::NONE);
+        }
         let kind = match raw & !GSO_ECN {
             GSO_NONE => GsoKind::None,
             GSO_TCPV4 => GsoKind::TcpV4,
