@@ -16,60 +16,51 @@ use crate::frame::Frame;
 use crate::l2::{Mac, Tag};
 use crate::vnet_hdr::VirtioNetHdr;
 
-/// What the decision for a frame depends on.
+/// Where a frame is routed from and by what: the sender's queue, the topology and
+/// the table's state.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub struct JoinKey {
+pub struct JoinAt {
     /// `Topology::serial` of the topology the batch routes by.
     pub topology: u64,
     pub src: Endpoint,
     pub queue: usize,
+    /// The table's generation.
+    pub generation: u64,
+}
+
+/// What the decision for a frame depends on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct JoinKey {
+    pub at: JoinAt,
     pub from: Mac,
     pub to: Mac,
     pub tag: Tag,
     pub hdr: VirtioNetHdr,
     /// A one-copy frame (part of it still in the sender's buffers).
     pub one_copy: bool,
-    /// The table's generation.
-    pub generation: u64,
 }
 
 impl JoinKey {
-    /// The key of `frame` from `src`'s `queue`, routed by the topology of serial
-    /// `topology` and the table of generation `generation`.
-    pub fn of(
-        topology: u64,
-        src: Endpoint,
-        queue: usize,
-        frame: &Frame,
-        generation: u64,
-    ) -> JoinKey {
+    /// The key of `frame`, routed as `at` says.
+    pub fn of(at: JoinAt, frame: &Frame) -> JoinKey {
         JoinKey {
-            topology,
-            src,
-            queue,
+            at,
             from: frame.src,
             to: frame.dst,
             tag: frame.tag,
             hdr: frame.hdr,
             one_copy: frame.guest.is_some(),
-            generation,
         }
     }
 
     /// Whether this is the key `JoinKey::of` would make, compared where the
     /// fields lie: no key is made for a frame that finds its decision.
-    fn is_of(
-        &self,
-        topology: u64,
-        src: Endpoint,
-        queue: usize,
-        frame: &Frame,
-        generation: u64,
-    ) -> bool {
-        self.topology == topology
-            && self.generation == generation
-            && self.src == src
-            && self.queue == queue
+    fn is_of(&self, at: JoinAt, frame: &Frame) -> bool {
+        // Field by field: `self.at == at` cost 24 instructions a frame more.
+        self.at.topology == at.topology
+            && self.at.generation == at.generation
+            && self.at.src == at.src
+            && self.at.queue == at.queue
             && self.to == frame.dst
             && self.from == frame.src
             && self.tag == frame.tag
@@ -92,19 +83,12 @@ pub struct Joined {
 pub struct JoinMemo(Option<(JoinKey, Joined)>);
 
 impl JoinMemo {
-    /// The decision for the frame whose key `JoinKey::of` makes of the same
-    /// arguments, if it is the one kept.
-    pub fn get(
-        &self,
-        topology: u64,
-        src: Endpoint,
-        queue: usize,
-        frame: &Frame,
-        generation: u64,
-    ) -> Option<Joined> {
+    /// The decision for the frame whose key `JoinKey::of(at, frame)` makes, if it
+    /// is the one kept.
+    pub fn get(&self, at: JoinAt, frame: &Frame) -> Option<Joined> {
         self.0
             .as_ref()
-            .filter(|(k, _)| k.is_of(topology, src, queue, frame, generation))
+            .filter(|(k, _)| k.is_of(at, frame))
             .map(|(_, j)| *j)
     }
 

@@ -35,7 +35,7 @@ use crate::vnet_hdr::VirtioNetHdr;
 use backpressure::RxRoom;
 use deliver::{deliver, Again, DeliverCtx, Destination, OnFull, Outcome, FIRST};
 use fdb::{Fdb, FdbMemo, Learned, MemoKey, UPLINK_MAC_LIMIT};
-use memo::{JoinKey, Joined};
+use memo::{JoinAt, JoinKey, Joined};
 use run::{Run, RunFrame, Stable};
 use vlan::{classify, Attach, ViewBuf};
 
@@ -763,17 +763,18 @@ impl Switch {
             };
         }
         let now = ctx.now();
-        let generation = self.fdb_changes.load(Acquire);
-        if let Some(j) = ctx
-            .join_memo
-            .get(topo.serial, src, queue, frame, generation)
-        {
+        let at = JoinAt {
+            topology: topo.serial,
+            src,
+            queue,
+            generation: self.fdb_changes.load(Acquire),
+        };
+        if let Some(j) = ctx.join_memo.get(at, frame) {
             if !Self::waits(run, j.dst) {
                 return Self::join(&topo.ports[j.slot].port, j, frame, bytes, queue, ctx, run);
             }
         }
-        let at = (now, generation);
-        self.forward_routed(topo, src, queue, frame, bytes, at, ctx, run);
+        self.forward_routed(topo, frame, bytes, (now, at), ctx, run);
     }
 
     /// Whether the sender holds frames for `dst`: they come first, and a frame for
@@ -782,21 +783,19 @@ impl Switch {
         run.held().is_some_and(|h| h.has_for(dst))
     }
 
-    /// `forward_in_run` for a frame the memo does not decide, at the batch's time
-    /// `now` and the table's `generation` (`at`).
-    #[allow(clippy::too_many_arguments)]
+    /// `forward_in_run` for a frame the memo does not decide, from where `at`
+    /// says, at the batch's time `now`.
     #[inline(never)]
     fn forward_routed<'a>(
         &self,
         topo: &Topology,
-        src: Endpoint,
-        queue: usize,
         frame: &Frame,
         bytes: Stable<'a>,
-        (now, generation): (Instant, u64),
+        (now, at): (Instant, JoinAt),
         ctx: &mut DeliverCtx,
         run: &mut Run<'a>,
     ) {
+        let JoinAt { src, queue, .. } = at;
         let mut views = ViewBuf::default();
         let Some(route) = self.route(topo, src, frame, &mut views, now, &mut ctx.fdb_memo) else {
             return;
@@ -807,8 +806,7 @@ impl Switch {
         };
         match joins {
             Some(j) => {
-                let key = JoinKey::of(topo.serial, src, queue, frame, generation);
-                ctx.join_memo.set(key, j);
+                ctx.join_memo.set(JoinKey::of(at, frame), j);
                 Self::join(&topo.ports[j.slot].port, j, frame, bytes, queue, ctx, run);
             }
             None => {
