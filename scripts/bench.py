@@ -20,7 +20,7 @@ def ensure_matplotlib() -> bool:
         return True
     except ImportError:
         pass
-    measure.log("matplotlib missing: pip install matplotlib")
+    measure.log("matplotlib missing: installing it with pip (for the chart)")
     for extra in (["--break-system-packages"], []):
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", *extra, "matplotlib"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
