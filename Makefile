@@ -47,9 +47,13 @@ UNIT_ENV := PATH GSONET_ALLOW_SKIP GSONET_FUZZ_SEED GSONET_FUZZ_SECS PROPTEST_CA
 UNIT_RUNNER_VAR := CARGO_TARGET_$(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p' | tr 'a-z-' 'A-Z_')_RUNNER
 UNIT_RUNNER := $(if $(SUDO),$(UNIT_RUNNER_VAR)="sudo env $(foreach v,$(UNIT_ENV),$(if $($(v)),$(v)=$($(v))))")
 
+# `cargo test` relinks target/release/gsonet against the library with `testkit` on
+# (Cargo.toml's dev-dependency); the last line puts back the binary `make build`
+# made, so that the guest tests and whoever runs it next have the one users get.
 unit:
 	@$(STEP) build-tests "cargo test --release --no-run" -- $(CARGO) test --release --no-run
 	$(UNIT_RUNNER) $(CARGO) test --release
+	@$(STEP) rebuild "cargo build --release (the binary without testkit)" -- $(CARGO) build --release
 
 # The USO test runs on the 6.1 guest too: its shell died there (twice out of two,
 # 2026-11-23) while udp_recv ran as a job of the console's shell, whose end makes the
